@@ -1,0 +1,235 @@
+"""Record format: a 64-byte self-describing header, then the payload.
+
+A record carries everything needed to check it without any index: magic, format version, codec,
+dtype, raw and stored lengths, the 16-byte key digest, the namespace fingerprint, a CRC-32 of the
+stored payload and a CRC-32 of the header itself. Parsing is strict: a truncated, foreign or
+corrupted record raises `RecordError` (the store turns that into a miss) and is never half-used.
+
+Codecs (pure functions over buffers):
+  RAW     the page bytes as they are (also used when compression does not pay).
+  ZSTD    zstd level 1 over the whole page (1-byte dtypes).
+  PLANES  byte planes (all high bytes, then ..., all low bytes), each plane zstd-1 or raw; payload
+          starts with one little-endian u32 stored length per plane. For bf16 this is the measured
+          best lossless option (~1.42x on real KV); level 1 beats level 3 on ratio and speed.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+MAGIC = b"LBKV"
+FORMAT_VERSION = 1  # bump when the header layout or a codec's payload layout changes
+HEADER_FMT = "<4sBBBBII16s16sII"  # ... + header crc (u32), + 4 reserved bytes
+HEADER_SIZE = 64
+_BODY = struct.Struct(HEADER_FMT)
+_CRC = struct.Struct("<I")
+assert _BODY.size + 8 == HEADER_SIZE
+
+RAW, ZSTD, PLANES = 0, 1, 2
+CODEC_NAMES = {RAW: "raw", ZSTD: "zstd", PLANES: "planes+zstd"}
+KEEP_RATIO = 0.95  # store raw when compressed/raw is above this (ZipNN's rule)
+ZSTD_LEVEL = 1
+
+# dtype codes: the header records the element type so `verify` can report it and planes know itemsize.
+DTYPE_CODES = {"u1": 0, "i1": 1, "u2": 2, "i2": 3, "f2": 4, "bf16": 5, "u4": 6, "i4": 7, "f4": 8,
+               "u8": 9, "i8": 10, "f8": 11, "b1": 12}
+DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
+DTYPE_ITEMSIZE = {"u1": 1, "i1": 1, "b1": 1, "u2": 2, "i2": 2, "f2": 2, "bf16": 2, "u4": 4, "i4": 4,
+                  "f4": 4, "u8": 8, "i8": 8, "f8": 8}
+
+
+class RecordError(ValueError):
+    """A record failed verification; `reason` is a short counter name."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    codec: int
+    dtype: int
+    raw_len: int
+    stored_len: int
+    digest: bytes
+    namespace: bytes
+    payload_crc: int
+    flags: int = 0
+
+    @property
+    def record_len(self) -> int:
+        return HEADER_SIZE + self.stored_len
+
+
+def pack_header(h: Header) -> bytes:
+    body = _BODY.pack(MAGIC, FORMAT_VERSION, h.codec, h.dtype, h.flags, h.raw_len, h.stored_len,
+                      h.digest, h.namespace, h.payload_crc, 0)
+    return body + _CRC.pack(zlib.crc32(body)) + b"\0\0\0\0"
+
+
+def unpack_header(buf: bytes | memoryview) -> Header:
+    """Parse and check a header; raises RecordError('header') on anything but a valid header."""
+    if len(buf) < HEADER_SIZE:
+        raise RecordError("truncated", f"{len(buf)} header bytes")
+    body = bytes(buf[: _BODY.size])
+    magic, version, codec, dtype, flags, raw_len, stored_len, digest, ns, pcrc, _ = _BODY.unpack(body)
+    if magic != MAGIC:
+        raise RecordError("header", "bad magic")
+    (hcrc,) = _CRC.unpack_from(buf, _BODY.size)
+    if zlib.crc32(body) != hcrc:
+        raise RecordError("header", "header checksum mismatch")
+    if version != FORMAT_VERSION:
+        raise RecordError("header", f"format version {version}, this build reads {FORMAT_VERSION}")
+    if codec not in CODEC_NAMES or dtype not in DTYPE_NAMES:
+        raise RecordError("header", f"unknown codec {codec} or dtype {dtype}")
+    if codec == RAW and stored_len != raw_len:
+        raise RecordError("header", "raw record with stored != raw length")
+    return Header(codec, dtype, raw_len, stored_len, digest, ns, pcrc, flags)
+
+
+def dtype_code(arr: np.ndarray) -> int:
+    name = f"{arr.dtype.kind}{arr.dtype.itemsize}"
+    return DTYPE_CODES.get(name, DTYPE_CODES["u1"])
+
+
+def as_bytes_view(buf: object) -> np.ndarray:
+    """A flat uint8 view of a C-contiguous buffer, no copy. Raises TypeError/ValueError otherwise."""
+    if isinstance(buf, np.ndarray):
+        arr = buf
+    else:
+        arr = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)  # type: ignore[arg-type]
+    if not arr.flags.c_contiguous:
+        raise ValueError("page buffers must be C-contiguous")
+    return arr.reshape(-1).view(np.uint8)
+
+
+_local = threading.local()
+
+
+def _cctx() -> zstandard.ZstdCompressor:
+    c = getattr(_local, "cctx", None)
+    if c is None:
+        c = _local.cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)
+    return c
+
+
+def _dctx() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "dctx", None)
+    if d is None:
+        d = _local.dctx = zstandard.ZstdDecompressor()
+    return d
+
+
+def split_planes(page: np.ndarray, itemsize: int) -> np.ndarray:
+    """(n*k,) bytes -> (k, n) planes, highest byte first (little-endian input)."""
+    return np.ascontiguousarray(page.reshape(-1, itemsize)[:, ::-1].T)
+
+
+def merge_planes_into(planes: list[np.ndarray], dst: np.ndarray, itemsize: int) -> None:
+    """Inverse of split_planes, written straight into dst."""
+    view = dst.reshape(-1, itemsize)
+    for j, plane in enumerate(planes):
+        view[:, itemsize - 1 - j] = plane
+
+
+def encode(page: np.ndarray, itemsize: int, compress: bool) -> tuple[int, list[object]]:
+    """Encode a flat uint8 page -> (codec, payload parts). RAW returns the page itself (no copy)."""
+    n = page.nbytes
+    if not compress or n == 0:
+        return RAW, [page]
+    if itemsize in (2, 4, 8) and n % itemsize == 0:
+        planes = split_planes(page, itemsize)
+        cctx = _cctx()
+        parts: list[object] = []
+        sizes = []
+        for plane in planes:
+            z = cctx.compress(plane)
+            if len(z) < KEEP_RATIO * plane.nbytes:
+                parts.append(z)
+                sizes.append(len(z))
+            else:
+                parts.append(plane)
+                sizes.append(plane.nbytes)
+        if sum(sizes) + 4 * itemsize < KEEP_RATIO * n:
+            return PLANES, [struct.pack(f"<{itemsize}I", *sizes), *parts]
+        return RAW, [page]
+    z = _cctx().compress(page)
+    if len(z) < KEEP_RATIO * n:
+        return ZSTD, [z]
+    return RAW, [page]
+
+
+def decode_into(codec: int, payload: memoryview, dst: np.ndarray, itemsize: int) -> None:
+    """Decode a verified payload into dst (flat uint8, exactly raw_len bytes). Raises RecordError."""
+    n = dst.nbytes
+    try:
+        if codec == RAW:
+            if len(payload) != n:
+                raise RecordError("payload", "raw length mismatch")
+            dst[:] = np.frombuffer(payload, dtype=np.uint8)
+        elif codec == ZSTD:
+            out = _dctx().decompress(payload, max_output_size=n)
+            if len(out) != n:
+                raise RecordError("payload", "decompressed length mismatch")
+            dst[:] = np.frombuffer(out, dtype=np.uint8)
+        elif codec == PLANES:
+            if itemsize not in (2, 4, 8) or n % itemsize:
+                raise RecordError("payload", f"planes codec with itemsize {itemsize}")
+            sizes = struct.unpack_from(f"<{itemsize}I", payload, 0)
+            pos = 4 * itemsize
+            plane_len = n // itemsize
+            planes = []
+            for size in sizes:
+                chunk = payload[pos: pos + size]
+                pos += size
+                if size == plane_len:
+                    planes.append(np.frombuffer(chunk, dtype=np.uint8))
+                else:
+                    out = _dctx().decompress(chunk, max_output_size=plane_len)
+                    if len(out) != plane_len:
+                        raise RecordError("payload", "plane length mismatch")
+                    planes.append(np.frombuffer(out, dtype=np.uint8))
+            if pos != len(payload):
+                raise RecordError("payload", "plane table does not cover the payload")
+            merge_planes_into(planes, dst, itemsize)
+        else:
+            raise RecordError("header", f"unknown codec {codec}")
+    except zstandard.ZstdError as e:
+        raise RecordError("payload", f"zstd: {e}") from None
+    except struct.error as e:
+        raise RecordError("payload", str(e)) from None
+
+
+def payload_crc(parts: list[object]) -> int:
+    crc = 0
+    for p in parts:
+        crc = zlib.crc32(p, crc)  # type: ignore[arg-type]
+    return crc
+
+
+def build_record(page: np.ndarray, *, itemsize: int, dtype: int, digest: bytes, namespace: bytes,
+                 compress: bool) -> tuple[bytes, list[object], int]:
+    """Encode one page -> (header bytes, payload parts, record length)."""
+    codec, parts = encode(page, itemsize, compress)
+    stored = sum(memoryview(p).nbytes for p in parts)  # type: ignore[arg-type]
+    h = Header(codec, dtype, page.nbytes, stored, digest, namespace, payload_crc(parts))
+    return pack_header(h), parts, HEADER_SIZE + stored
+
+
+def check_record(header: Header, payload: memoryview, digest: bytes, namespace: bytes) -> None:
+    """Check identity and payload checksum; raises RecordError with the failing part as reason."""
+    if header.digest != digest:
+        raise RecordError("foreign", "key digest mismatch")
+    if header.namespace != namespace:
+        raise RecordError("foreign", "namespace mismatch")
+    if len(payload) != header.stored_len:
+        raise RecordError("truncated", "payload shorter than the header says")
+    if zlib.crc32(payload) != header.payload_crc:
+        raise RecordError("checksum", "payload checksum mismatch")

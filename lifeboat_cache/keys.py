@@ -1,0 +1,55 @@
+"""Namespaced keys.
+
+A runtime's page key (SGLang's SHA-256 chain hex, or the MLX shim's chained hash) says nothing of the
+model, dtype, layout, page size or shard. The namespace fingerprint covers those; the key digest mixes
+it in, so the same page key under another namespace is another record. Both go into every record
+header and are checked on every read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+
+FINGERPRINT_BYTES = 16
+KEY_FORMAT = "lifeboat-key-v1"
+
+
+def namespace_fingerprint(**parts: Any) -> bytes:
+    """16-byte fingerprint of everything that makes two pages incompatible.
+
+    Values must be JSON-serialisable; order of keyword arguments does not matter, None is a value.
+    """
+    canon = json.dumps({"_format": KEY_FORMAT, **parts}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.blake2b(canon.encode(), digest_size=FINGERPRINT_BYTES).digest()
+
+
+def key_bytes(key: str | bytes) -> bytes:
+    if isinstance(key, str):
+        return key.encode()
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key)
+    raise TypeError(f"a page key must be str or bytes, got {type(key).__name__}")
+
+
+def key_digest(ns: bytes, key: str | bytes) -> bytes:
+    """16-byte digest of (namespace, key): the record's identity."""
+    return hashlib.blake2b(key_bytes(key), digest_size=16, key=ns).digest()
+
+
+def index_key(digest: bytes) -> int:
+    """The signed 64-bit integer the in-memory index uses (first 8 bytes of the digest).
+
+    A 64-bit collision is harmless: reads compare the full 16-byte digest in the record header.
+    """
+    return int.from_bytes(digest[:8], "little", signed=True)
+
+
+def digests(ns: bytes, keys: list[str | bytes] | tuple[str | bytes, ...]) -> tuple[list[bytes], np.ndarray]:
+    """Digests of a batch of keys plus their index keys as an int64 array."""
+    ds = [hashlib.blake2b(key_bytes(k), digest_size=16, key=ns).digest() for k in keys]
+    ik = np.frombuffer(b"".join(d[:8] for d in ds), dtype="<i8") if ds else np.empty(0, dtype=np.int64)
+    return ds, ik

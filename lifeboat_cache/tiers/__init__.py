@@ -1,0 +1,25 @@
+"""Storage tiers. `open_tier(settings)` builds the tier a `storage[]` entry describes."""
+
+from __future__ import annotations
+
+from ..config import TierSettings
+from .base import Ref, Tier
+from .local import LocalTier
+
+
+def open_tier(settings: TierSettings, *, background: bool = True) -> Tier:
+    """Build and open the tier for one `storage[]` entry (imports optional backends lazily)."""
+    if settings.type == "local":
+        return LocalTier(settings).open(background=background)
+    if settings.type == "nfs":
+        from .shared_fs import SharedFsTier
+
+        return SharedFsTier(settings).open(background=background)
+    if settings.type == "s3":
+        from .s3 import S3Tier
+
+        return S3Tier(settings).open(background=background)
+    raise ValueError(f"unknown tier type {settings.type!r}")
+
+
+__all__ = ["Ref", "Tier", "LocalTier", "open_tier"]

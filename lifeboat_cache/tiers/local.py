@@ -1,0 +1,103 @@
+"""`type: local`: segment directories on local NVMe, one per drive.
+
+All pages of one dialog go to one drive, chosen from the dialog's affinity value (the store derives
+it from the first `affinity_chunks` pages), so a returning prompt is read from one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..config import TierSettings
+from .base import Ref, Tier
+from .segment import SegmentDir
+
+
+class LocalTier(Tier):
+    kind = "local"
+    fsync = False  # a killed process loses nothing the kernel already has; seal-time fsync is for NFS
+
+    def __init__(self, settings: TierSettings, name: str | None = None) -> None:
+        self.settings = settings
+        self.name = name or f"{self.kind}:{','.join(str(p) for p in settings.paths)}"
+        per_dir = None if settings.capacity_bytes is None else settings.capacity_bytes // len(settings.paths)
+        self.dirs = [
+            SegmentDir(p, capacity_bytes=per_dir, segment_bytes=settings.segment_bytes,
+                       refresh_interval_s=settings.refresh_interval_s, seal_after_s=settings.seal_after_s,
+                       fsync=self.fsync, name=f"{self.kind}{i}")
+            for i, p in enumerate(settings.paths)
+        ]
+
+    def open(self, background: bool = True) -> "LocalTier":
+        for d in self.dirs:
+            d.open(background=background)
+        return self
+
+    def contains(self, ikeys: np.ndarray) -> np.ndarray:
+        hit = self.dirs[0].index.contains(ikeys)
+        for d in self.dirs[1:]:
+            miss = ~hit
+            if miss.any():
+                hit[miss] = d.index.contains(ikeys[miss])
+        return hit
+
+    def locate(self, ikey: int) -> Ref | None:
+        for i, d in enumerate(self.dirs):
+            loc = d.index.get(ikey)
+            if loc is not None:
+                return Ref(i, loc)
+        return None
+
+    def write(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int, affinity: int = 0) -> Ref:
+        part = affinity % len(self.dirs)
+        return Ref(part, self.dirs[part].append(ikey, digest, bufs, length))
+
+    def read_into(self, ref: Ref, bufs: Sequence[memoryview]) -> bool:
+        return self.dirs[ref.part].read_into(ref.loc, bufs)
+
+    def forget(self, ikey: int, ref: Ref, reason: str) -> None:
+        self.dirs[ref.part].quarantine(ikey, ref.loc, reason)
+
+    def records(self) -> Iterator[tuple[int, Ref]]:
+        for i, d in enumerate(self.dirs):
+            for k, loc in d.records():
+                yield k, Ref(i, loc)
+
+    def wait_rebuilt(self, timeout: float | None = None) -> bool:
+        return all(d.wait_rebuilt(timeout) for d in self.dirs)
+
+    def flush(self) -> None:
+        for d in self.dirs:
+            d.flush()
+
+    def gc(self) -> int:
+        return sum(d.gc() for d in self.dirs)
+
+    def usage_bytes(self) -> int:
+        return sum(d.usage_bytes() for d in self.dirs)
+
+    def capacity_bytes(self) -> int | None:
+        return sum(d.capacity_bytes for d in self.dirs)
+
+    def close(self) -> None:
+        for d in self.dirs:
+            d.close()
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["pages"] = sum(len(d.index) for d in self.dirs)
+        out["segments"] = sum(len(d.units()) for d in self.dirs)
+        out["rebuilt"] = all(d.rebuilt for d in self.dirs)
+        counters: dict[str, int] = {}
+        for d in self.dirs:
+            for k, v in d.counters.items():
+                counters[k] = counters.get(k, 0) + v
+        out.update(counters)
+        return out
+
+    def loc_name(self, ref: Ref) -> str:
+        return f"{self.dirs[ref.part].unit_name(ref.loc.unit)}@{ref.loc.offset}"
+
+
