@@ -78,15 +78,22 @@ class ChunkStore:
         self.compress = eng.compression == "zstd"
         self.trace = eng.trace
         self.counters = Counters()
-        self.cooldowns = [
-            Cooldown(t.name,
-                     ts.failure_cooldown_s if ts.failure_cooldown_s is not None else eng.failure_cooldown_s,
-                     ts.failure_cooldown_max_s if ts.failure_cooldown_max_s is not None else eng.failure_cooldown_max_s)
-            for t, ts in zip(self.tiers, list(settings.storage) + [TierSettings(type="local")] * len(self.tiers))
-        ]
+        # reads and writes cool down separately: a full disk stops writes, not reads
+        self.read_cooldowns = [self._cooldown(t, ts, "read") for t, ts in zip(self.tiers, self._tier_settings())]
+        self.write_cooldowns = [self._cooldown(t, ts, "write") for t, ts in zip(self.tiers, self._tier_settings())]
         self._pool = ThreadPoolExecutor(max_workers=eng.io_workers, thread_name_prefix="lifeboat-io")
         self._closed = False
         self._copier: Callable[[int, bytes, list[object], int], None] | None = None
+
+    def _tier_settings(self) -> list[TierSettings]:
+        given = list(self.settings.storage)
+        return given + [TierSettings(type="local")] * (len(self.tiers) - len(given))
+
+    def _cooldown(self, tier: Tier, ts: TierSettings, what: str) -> Cooldown:
+        eng = self.settings.engine
+        base = ts.failure_cooldown_s if ts.failure_cooldown_s is not None else eng.failure_cooldown_s
+        top = ts.failure_cooldown_max_s if ts.failure_cooldown_max_s is not None else eng.failure_cooldown_max_s
+        return Cooldown(f"{tier.name} ({what})", base, top)
 
     @classmethod
     def open(cls, settings: Settings | None = None, *, background: bool = True) -> "ChunkStore":
@@ -109,7 +116,7 @@ class ChunkStore:
         """Per-key presence in any tier that is not cooling down. Index only, no I/O."""
         _, ik = digests(ns, keys)
         hit = np.zeros(len(ik), dtype=bool)
-        for tier, cd in zip(self.tiers, self.cooldowns):
+        for tier, cd in zip(self.tiers, self.read_cooldowns):
             if cd.active():
                 continue
             miss = ~hit
@@ -139,7 +146,7 @@ class ChunkStore:
         ds, ik = digests(ns, keys)
         views = [_view(b) for b in buffers]
         results = [False] * len(keys)
-        tier, cd = self.tiers[0], self.cooldowns[0]
+        tier, cd = self.tiers[0], self.write_cooldowns[0]
         present = tier.contains(ik) if len(ik) else np.zeros(0, bool)
         if affinity is None:
             affinity = int(ik[0]) if len(ik) else 0
@@ -207,7 +214,7 @@ class ChunkStore:
         return results
 
     def _read_one(self, ns: bytes, ikey: int, digest: bytes, dst: np.ndarray) -> bool:
-        for level, (tier, cd) in enumerate(zip(self.tiers, self.cooldowns)):
+        for level, (tier, cd) in enumerate(zip(self.tiers, self.read_cooldowns)):
             if cd.active():
                 self.counters.add("tier_skipped_cooldown")
                 continue
@@ -263,7 +270,7 @@ class ChunkStore:
 
     def _promote(self, ikey: int, digest: bytes, record: memoryview) -> None:
         """A hit from a lower tier is written to the first tier so the next read is local."""
-        tier, cd = self.tiers[0], self.cooldowns[0]
+        tier, cd = self.tiers[0], self.write_cooldowns[0]
         if cd.active():
             return
         try:
@@ -294,7 +301,8 @@ class ChunkStore:
         return {
             "counters": c,
             "compression_ratio": (raw / stored) if stored else None,
-            "tiers": [dict(t.stats(), cooling_down=cd.active()) for t, cd in zip(self.tiers, self.cooldowns)],
+            "tiers": [dict(t.stats(), reads_cooling_down=r.active(), writes_cooling_down=w.active())
+                      for t, r, w in zip(self.tiers, self.read_cooldowns, self.write_cooldowns)],
         }
 
     def verify(self, fix: bool = False, progress: Callable[[int, int], None] | None = None) -> list[str]:

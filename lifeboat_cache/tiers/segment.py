@@ -400,6 +400,7 @@ class SegmentDir:
         """Append one record (header + payload parts) and index it. Raises OSError on I/O failure."""
         with self._lock:
             w = self._writer_for(length)
+            rolled = w.reserved == 0
             off = w.reserved
             w.reserved += length
             w.unit.size = w.reserved
@@ -420,6 +421,8 @@ class SegmentDir:
                 self._finish_seal(w)
         loc = Loc(w.unit.id, off, length)
         self.index.insert(ikey, loc)
+        if rolled:  # a segment was sealed for this one: enforce the capacity bound now
+            self.gc()
         return loc
 
     def _writer_for(self, length: int) -> _Writer:
@@ -430,7 +433,7 @@ class SegmentDir:
             w = None
         if w is None:
             self._seq += 1
-            name = f"{int(time.time() * 1000):013d}-{self._tag}-{self._seq}{SEGMENT_SUFFIX}"
+            name = f"{int(time.time() * 1000):013d}-{self._tag}-{self._seq:06d}{SEGMENT_SUFFIX}"
             fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             unit = self._add_unit(name, own=True)
             w = self._writer = _Writer(unit, fd, time.monotonic())
