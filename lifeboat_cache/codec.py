@@ -94,6 +94,11 @@ def unpack_header(buf: bytes | memoryview) -> Header:
     return Header(codec, dtype, raw_len, stored_len, digest, ns, pcrc, flags)
 
 
+def raw_length(header: bytes | memoryview) -> int:
+    """The raw page length field of a packed header (no checks: for the writer's own headers)."""
+    return int.from_bytes(bytes(header[8:12]), "little")
+
+
 def dtype_code(arr: np.ndarray) -> int:
     name = f"{arr.dtype.kind}{arr.dtype.itemsize}"
     return DTYPE_CODES.get(name, DTYPE_CODES["u1"])

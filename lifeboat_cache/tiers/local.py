@@ -97,6 +97,10 @@ class LocalTier(Tier):
         out.update(counters)
         return out
 
+    def describe(self) -> list[dict[str, int | str | bool]]:
+        """Per segment of every drive: records, stored and raw bytes (for `lifeboat stats`)."""
+        return [dict(seg, path=str(d.path)) for d in self.dirs for seg in d.describe()]
+
     def loc_name(self, ref: Ref) -> str:
         return f"{self.dirs[ref.part].unit_name(ref.loc.unit)}@{ref.loc.offset}"
 

@@ -30,7 +30,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..codec import HEADER_SIZE, RecordError, unpack_header
+from ..codec import HEADER_SIZE, RecordError, raw_length, unpack_header
 from ..index import Index, Loc
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,8 @@ TABLE_MAGIC = b"LBTB"
 FOOTER_MAGIC = b"LBTR"
 FOOTER = struct.Struct("<4sIQI")  # magic, count, table offset, table crc; then footer crc (u32)
 FOOTER_SIZE = FOOTER.size + 4
-TABLE_ENTRY = np.dtype([("key", "<i8"), ("digest_tail", "S8"), ("offset", "<u8"), ("length", "<u4")])
+TABLE_ENTRY = np.dtype([("key", "<i8"), ("digest_tail", "S8"), ("offset", "<u8"), ("length", "<u4"),
+                        ("raw_length", "<u4")])
 SNAPSHOT_NAME = "index.snapshot.npz"
 SNAPSHOT_VERSION = 1
 QUARANTINE_NAME = "quarantine.jsonl"
@@ -69,7 +70,7 @@ class _Writer:
     reserved: int = 0
     inflight: int = 0
     sealing: bool = False
-    entries: list[tuple[bytes, int, int]] = field(default_factory=list)
+    entries: list[tuple[bytes, int, int, int]] = field(default_factory=list)
 
 
 def _writer_tag() -> str:
@@ -273,15 +274,15 @@ class SegmentDir:
         except OSError as e:
             log.warning("lifeboat: could not seal orphan segment %s: %s", unit.name, e)
 
-    def _entries_from_index(self, unit: _Unit) -> list[tuple[bytes, int, int]]:
-        """(digest, offset, length) of unit's records, read back from their headers."""
+    def _entries_from_index(self, unit: _Unit) -> list[tuple[bytes, int, int, int]]:
+        """(digest, offset, length, raw length) of unit's records, read back from their headers."""
         out = []
         fd = self._acquire(unit)
         try:
             pos = 0
             while pos < unit.scanned:
                 h = unpack_header(os.pread(fd, HEADER_SIZE, pos))
-                out.append((h.digest, pos, h.record_len))
+                out.append((h.digest, pos, h.record_len, h.raw_len))
                 pos += h.record_len
         finally:
             self._release(unit)
@@ -307,23 +308,30 @@ class SegmentDir:
         finally:
             self._release(unit)
 
-    def _scan_trailer(self, unit: _Unit, fd: int, size: int) -> bool:
+    @staticmethod
+    def _read_table(fd: int, size: int) -> np.ndarray | None:
+        """The trailer table of a sealed segment, or None when there is no valid trailer."""
         if size < FOOTER_SIZE:
-            return False
+            return None
         raw = os.pread(fd, FOOTER_SIZE, size - FOOTER_SIZE)
         if len(raw) != FOOTER_SIZE or raw[:4] != FOOTER_MAGIC:
-            return False
+            return None
         body = raw[: FOOTER.size]
         if zlib.crc32(body) != struct.unpack_from("<I", raw, FOOTER.size)[0]:
-            return False
+            return None
         _, count, table_off, table_crc = FOOTER.unpack(body)
         nbytes = 4 + count * TABLE_ENTRY.itemsize
         if table_off + nbytes + FOOTER_SIZE != size:
-            return False
+            return None
         table = os.pread(fd, nbytes, table_off)
         if len(table) != nbytes or table[:4] != TABLE_MAGIC or zlib.crc32(table) != table_crc:
+            return None
+        return np.frombuffer(table, dtype=TABLE_ENTRY, offset=4)
+
+    def _scan_trailer(self, unit: _Unit, fd: int, size: int) -> bool:
+        arr = self._read_table(fd, size)
+        if arr is None:
             return False
-        arr = np.frombuffer(table, dtype=TABLE_ENTRY, offset=4)
         if unit.scanned:
             arr = arr[arr["offset"] >= unit.scanned]
         if self._quarantine:
@@ -416,7 +424,7 @@ class SegmentDir:
             raise
         with self._lock:
             w.inflight -= 1
-            w.entries.append((digest, off, length))
+            w.entries.append((digest, off, length, raw_length(bufs[0])))
             if w.sealing and w.inflight == 0:
                 self._finish_seal(w)
         loc = Loc(w.unit.id, off, length)
@@ -451,11 +459,11 @@ class SegmentDir:
             # only the contiguous prefix is trustworthy if a write failed and left a hole
             end = 0
             good = []
-            for d, off, n in entries:
-                if off != end:
+            for e in entries:
+                if e[1] != end:
                     break
-                good.append((d, off, n))
-                end = off + n
+                good.append(e)
+                end = e[1] + e[2]
             if end != w.reserved:
                 os.ftruncate(w.fd, end)
             size = self._write_trailer(w.fd, end, good)
@@ -472,15 +480,16 @@ class SegmentDir:
             w.unit.own = False
 
     @staticmethod
-    def _write_trailer(fd: int, at: int, entries: list[tuple[bytes, int, int]]) -> int:
+    def _write_trailer(fd: int, at: int, entries: list[tuple[bytes, int, int, int]]) -> int:
         arr = np.zeros(len(entries), dtype=TABLE_ENTRY)
         if entries:
-            digests = np.frombuffer(b"".join(d for d, _, _ in entries), dtype="S16")
+            digests = np.frombuffer(b"".join(e[0] for e in entries), dtype="S16")
             raw = digests.view(np.uint8).reshape(-1, 16)
             arr["key"] = raw[:, :8].copy().view("<i8").reshape(-1)
             arr["digest_tail"] = raw[:, 8:].copy().view("S8").reshape(-1)
-            arr["offset"] = [o for _, o, _ in entries]
-            arr["length"] = [n for _, _, n in entries]
+            arr["offset"] = [e[1] for e in entries]
+            arr["length"] = [e[2] for e in entries]
+            arr["raw_length"] = [e[3] for e in entries]
         table = TABLE_MAGIC + arr.tobytes()
         footer = FOOTER.pack(FOOTER_MAGIC, len(entries), at, zlib.crc32(table))
         blob = table + footer + struct.pack("<I", zlib.crc32(footer))
@@ -564,6 +573,36 @@ class SegmentDir:
             freed += victim.size
             self.counters["evicted_segments"] += 1
             self.counters["evicted_bytes"] += victim.size
+
+    def describe(self) -> list[dict[str, int | str | bool]]:
+        """Per segment: records, stored and raw bytes (from trailers, or headers when unsealed)."""
+        out = []
+        for name, size, sealed in self.units():
+            with self._lock:
+                unit = self._units.get(self._by_name.get(name, -1))
+            if unit is None:
+                continue
+            recs = stored = raw = 0
+            try:
+                fd = self._acquire(unit)
+            except FileNotFoundError:
+                continue
+            try:
+                table = self._read_table(fd, os.fstat(fd).st_size) if sealed else None
+                if table is not None:
+                    recs, stored, raw = len(table), int(table["length"].sum()), int(table["raw_length"].sum())
+                else:
+                    pos = 0
+                    while pos < unit.scanned:
+                        h = unpack_header(os.pread(fd, HEADER_SIZE, pos))
+                        recs, stored, raw, pos = recs + 1, stored + h.record_len, raw + h.raw_len, pos + h.record_len
+            except (OSError, RecordError) as e:
+                log.warning("lifeboat: cannot describe %s: %s", unit.path, e)
+            finally:
+                self._release(unit)
+            out.append({"segment": name, "bytes": size, "sealed": sealed, "records": recs,
+                        "stored_bytes": stored, "raw_bytes": raw})
+        return out
 
     # ------------------------------------------------------------------ quarantine
     def _load_quarantine(self) -> None:
