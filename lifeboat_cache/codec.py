@@ -19,6 +19,7 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import zstandard
@@ -219,22 +220,37 @@ def payload_crc(parts: list[object]) -> int:
     return crc
 
 
-def build_record(page: np.ndarray, *, itemsize: int, dtype: int, digest: bytes, namespace: bytes,
-                 compress: bool) -> tuple[bytes, list[object], int]:
-    """Encode one page -> (header bytes, payload parts, record length)."""
-    codec, parts = encode(page, itemsize, compress)
+def build_record(page: np.ndarray | Sequence[np.ndarray], *, itemsize: int, dtype: int, digest: bytes,
+                 namespace: bytes, compress: bool) -> tuple[bytes, list[object], int]:
+    """Encode one page -> (header bytes, payload parts, record length).
+
+    `page` is one flat uint8 buffer, or the flat uint8 pieces that make the page in order
+    (scatter-gather). A raw record keeps the pieces as payload parts (no copy); the compressing
+    codecs need one buffer, so compressed pieces are gathered first (one copy, on the io worker).
+    """
+    pieces = [page] if isinstance(page, np.ndarray) else list(page)
+    if len(pieces) > 1 and compress:
+        pieces = [np.concatenate(pieces)]
+    raw_len = sum(p.nbytes for p in pieces)
+    codec, parts = encode(pieces[0], itemsize, compress) if len(pieces) == 1 else (RAW, list(pieces))
     stored = sum(memoryview(p).nbytes for p in parts)  # type: ignore[arg-type]
-    h = Header(codec, dtype, page.nbytes, stored, digest, namespace, payload_crc(parts))
+    h = Header(codec, dtype, raw_len, stored, digest, namespace, payload_crc(parts))
     return pack_header(h), parts, HEADER_SIZE + stored
 
 
-def check_record(header: Header, payload: memoryview, digest: bytes, namespace: bytes) -> None:
-    """Check identity and payload checksum; raises RecordError with the failing part as reason."""
+def check_record(header: Header, payload: memoryview | Sequence[memoryview], digest: bytes,
+                 namespace: bytes) -> None:
+    """Check identity and payload checksum; raises RecordError with the failing part as reason.
+
+    `payload` is the stored payload, or its parts in order (a raw record read into a
+    scatter-gather page).
+    """
+    parts = list(payload) if isinstance(payload, (list, tuple)) else [payload]
     if header.digest != digest:
         raise RecordError("foreign", "key digest mismatch")
     if header.namespace != namespace:
         raise RecordError("foreign", "namespace mismatch")
-    if len(payload) != header.stored_len:
+    if sum(memoryview(p).nbytes for p in parts) != header.stored_len:
         raise RecordError("truncated", "payload shorter than the header says")
-    if zlib.crc32(payload) != header.payload_crc:
+    if payload_crc(parts) != header.payload_crc:  # type: ignore[arg-type]
         raise RecordError("checksum", "payload checksum mismatch")

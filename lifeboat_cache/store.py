@@ -58,12 +58,25 @@ class Cooldown:
                 self._streak = 0
 
 
-def _view(buf: object) -> tuple[np.ndarray, int, int]:
-    """(flat uint8 view, itemsize, dtype code) of a page buffer, no copy."""
-    arr = buf if isinstance(buf, np.ndarray) else None
-    flat = codec.as_bytes_view(buf)
-    code = codec.dtype_code(arr) if arr is not None else codec.DTYPE_CODES["u1"]
-    return flat, codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[code]], code
+def _view(buf: object) -> tuple[list[np.ndarray], int, int]:
+    """(flat uint8 pieces, itemsize, dtype code) of a page, no copy.
+
+    A page is one C-contiguous buffer, or a list/tuple of them that make the page in order
+    (scatter-gather: an SGLang layer_first KV page is 2*L separate blocks of the host pool).
+    """
+    bufs = list(buf) if isinstance(buf, (list, tuple)) else [buf]
+    if not bufs:
+        raise ValueError("a page needs at least one buffer")
+    codes = {codec.dtype_code(b) if isinstance(b, np.ndarray) else codec.DTYPE_CODES["u1"] for b in bufs}
+    code = codes.pop() if len(codes) == 1 else codec.DTYPE_CODES["u1"]
+    return [codec.as_bytes_view(b) for b in bufs], codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[code]], code
+
+
+def _scatter(src: np.ndarray, pieces: list[np.ndarray]) -> None:
+    pos = 0
+    for p in pieces:
+        p[:] = src[pos: pos + p.nbytes]
+        pos += p.nbytes
 
 
 class ChunkStore:
@@ -161,17 +174,18 @@ class ChunkStore:
             todo = []
 
         def one(i: int) -> bool:
-            flat, itemsize, dt = views[i]
+            pieces, itemsize, dt = views[i]
             try:
                 header, parts, length = codec.build_record(
-                    flat, itemsize=itemsize, dtype=dt, digest=ds[i], namespace=ns, compress=self.compress)
+                    pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize, dtype=dt, digest=ds[i],
+                    namespace=ns, compress=self.compress)
                 tier.write(int(ik[i]), ds[i], [header, *parts], length, affinity)
             except OSError as e:
                 self.counters.add("write_errors")
                 cd.fail("write", e)
                 return False
             self.counters.add("pages_written")
-            self.counters.add("bytes_written_raw", flat.nbytes)
+            self.counters.add("bytes_written_raw", sum(p.nbytes for p in pieces))
             self.counters.add("bytes_written_stored", length)
             if self._copier is not None:
                 self._copier(int(ik[i]), ds[i], [header, *parts], length)
@@ -197,9 +211,8 @@ class ChunkStore:
         t0 = time.perf_counter()
         ds, ik = digests(ns, keys)
         views = [_view(b) for b in buffers]
-        for flat, _, _ in views:
-            if not flat.flags.writeable:
-                raise ValueError("get_into: destination buffers must be writable")
+        if not all(p.flags.writeable for pieces, _, _ in views for p in pieces):
+            raise ValueError("get_into: destination buffers must be writable")
 
         def one(i: int) -> bool:
             return self._read_one(ns, int(ik[i]), ds[i], views[i][0])
@@ -213,7 +226,7 @@ class ChunkStore:
                      (time.perf_counter() - t0) * 1e3)
         return results
 
-    def _read_one(self, ns: bytes, ikey: int, digest: bytes, dst: np.ndarray) -> bool:
+    def _read_one(self, ns: bytes, ikey: int, digest: bytes, dst: list[np.ndarray]) -> bool:
         for level, (tier, cd) in enumerate(zip(self.tiers, self.read_cooldowns)):
             if cd.active():
                 self.counters.add("tier_skipped_cooldown")
@@ -237,13 +250,14 @@ class ChunkStore:
         return False
 
     def _read_record(self, tier: Tier, ref: Ref, ns: bytes, ikey: int, digest: bytes,
-                     dst: np.ndarray, want_record: bool) -> bytes | memoryview | None:
-        """Read, verify, decode into dst. Returns the record's bytes (for promotion) or None on a miss."""
-        n = dst.nbytes
+                     dst: list[np.ndarray], want_record: bool) -> bytes | memoryview | None:
+        """Read, verify, decode into dst (the page's pieces). Returns the record's bytes (for
+        promotion) or None on a miss."""
+        n = sum(p.nbytes for p in dst)
         direct = ref.length == HEADER_SIZE + n
-        if direct:  # raw record: the payload lands in the caller's buffer with no extra copy
+        if direct:  # raw record: the payload lands in the caller's buffers with no extra copy
             hdr = bytearray(HEADER_SIZE)
-            bufs = [memoryview(hdr), memoryview(dst)]
+            bufs = [memoryview(hdr), *(memoryview(p) for p in dst)]
         else:
             bufs = [memoryview(bytearray(ref.length))]
         if not tier.read_into(ref, bufs):
@@ -251,13 +265,16 @@ class ChunkStore:
             return None
         try:
             h = codec.unpack_header(bufs[0])
-            payload = memoryview(dst) if direct else bufs[0][HEADER_SIZE:]
+            payload = bufs[1:] if direct else bufs[0][HEADER_SIZE:]
             if h.raw_len != n:
                 raise RecordError("size", f"stored page is {h.raw_len} bytes, buffer is {n}")
             codec.check_record(h, payload, digest, ns)
             if not direct:
                 plane_size = codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]]
-                codec.decode_into(h.codec, payload, dst, plane_size)
+                target = dst[0] if len(dst) == 1 else np.empty(n, dtype=np.uint8)
+                codec.decode_into(h.codec, payload, target, plane_size)
+                if len(dst) > 1:
+                    _scatter(target, dst)
         except RecordError as e:
             self.counters.add(f"miss_{e.reason}")
             if e.reason not in ("foreign", "size"):  # intact records of other keys are left alone
@@ -265,7 +282,7 @@ class ChunkStore:
                 log.warning("lifeboat: dropped a bad record on %s (%s)", tier.name, e)
             return None
         if direct:
-            return bytes(hdr) + dst.tobytes() if want_record else hdr
+            return b"".join([bytes(hdr), *(p.tobytes() for p in dst)]) if want_record else hdr
         return bufs[0]
 
     def _promote(self, ikey: int, digest: bytes, record: memoryview) -> None:

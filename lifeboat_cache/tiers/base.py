@@ -64,6 +64,16 @@ class Tier(ABC):
         """Flush, persist what speeds up the next open, release resources."""
 
     # ---- defaults built on the core
+    def write_many(self, records: Sequence[tuple[int, bytes, Sequence[object], int]],
+                   affinity: int = 0) -> list[Ref]:
+        """Append several records (ikey, digest, bufs, length); raises OSError like `write`.
+
+        The default writes them one by one (records before a failing one stay written). Note for
+        implementers: a tier with a per-request cost (S3) overrides this to store the batch as one
+        unit; the store's background copier calls it.
+        """
+        return [self.write(ikey, digest, bufs, length, affinity) for ikey, digest, bufs, length in records]
+
     def wait_rebuilt(self, timeout: float | None = None) -> bool:
         return True
 

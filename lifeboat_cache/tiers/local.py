@@ -18,15 +18,16 @@ from .segment import SegmentDir
 class LocalTier(Tier):
     kind = "local"
     fsync = False  # a killed process loses nothing the kernel already has; seal-time fsync is for NFS
+    segment_dir_cls: type[SegmentDir] = SegmentDir  # shared_fs swaps in its NFS-aware subclass
 
-    def __init__(self, settings: TierSettings, name: str | None = None) -> None:
+    def __init__(self, settings: TierSettings, name: str | None = None, stripes: int = 4) -> None:
         self.settings = settings
         self.name = name or f"{self.kind}:{','.join(str(p) for p in settings.paths)}"
         per_dir = None if settings.capacity_bytes is None else settings.capacity_bytes // len(settings.paths)
         self.dirs = [
-            SegmentDir(p, capacity_bytes=per_dir, segment_bytes=settings.segment_bytes,
+            self.segment_dir_cls(p, capacity_bytes=per_dir, segment_bytes=settings.segment_bytes,
                        refresh_interval_s=settings.refresh_interval_s, seal_after_s=settings.seal_after_s,
-                       fsync=self.fsync, name=f"{self.kind}{i}")
+                       fsync=self.fsync, name=f"{self.kind}{i}", stripes=stripes)
             for i, p in enumerate(settings.paths)
         ]
 

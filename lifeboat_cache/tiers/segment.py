@@ -73,6 +73,72 @@ class _Writer:
     entries: list[tuple[bytes, int, int, int]] = field(default_factory=list)
 
 
+def trailer_size(count: int) -> int:
+    """Bytes of the trailer (table + footer) of a unit holding `count` records."""
+    return 4 + count * TABLE_ENTRY.itemsize + FOOTER_SIZE
+
+
+def build_trailer(at: int, entries: Sequence[tuple[bytes, int, int, int]]) -> bytes:
+    """Trailer for records (digest, offset, length, raw length) ending at byte `at`.
+
+    Sealed segments and S3 objects share this layout, so one parser reads both.
+    """
+    arr = np.zeros(len(entries), dtype=TABLE_ENTRY)
+    if entries:
+        digests = np.frombuffer(b"".join(e[0] for e in entries), dtype="S16")
+        raw = digests.view(np.uint8).reshape(-1, 16)
+        arr["key"] = raw[:, :8].copy().view("<i8").reshape(-1)
+        arr["digest_tail"] = raw[:, 8:].copy().view("S8").reshape(-1)
+        arr["offset"] = [e[1] for e in entries]
+        arr["length"] = [e[2] for e in entries]
+        arr["raw_length"] = [e[3] for e in entries]
+    table = TABLE_MAGIC + arr.tobytes()
+    footer = FOOTER.pack(FOOTER_MAGIC, len(entries), at, zlib.crc32(table))
+    return table + footer + struct.pack("<I", zlib.crc32(footer))
+
+
+def parse_footer(raw: bytes | memoryview, size: int) -> tuple[int, int, int] | None:
+    """(count, table offset, table crc) from the last FOOTER_SIZE bytes of a unit of `size` bytes.
+
+    None when the unit has no valid footer (unsealed, torn or not ours).
+    """
+    raw = bytes(raw)
+    if len(raw) != FOOTER_SIZE or raw[:4] != FOOTER_MAGIC:
+        return None
+    body = raw[: FOOTER.size]
+    if zlib.crc32(body) != struct.unpack_from("<I", raw, FOOTER.size)[0]:
+        return None
+    _, count, table_off, table_crc = FOOTER.unpack(body)
+    if table_off + trailer_size(count) != size:
+        return None
+    return count, table_off, table_crc
+
+
+def parse_trailer(tail: bytes | memoryview, size: int) -> np.ndarray | None:
+    """The record table from the last `len(tail)` bytes of a unit of `size` bytes.
+
+    `tail` must hold at least the whole trailer. None unless footer and table checksums are valid
+    and every record lies before the table: a unit without a valid trailer is never half-trusted.
+    """
+    tail = memoryview(tail).cast("B")
+    if len(tail) < FOOTER_SIZE or len(tail) > size:
+        return None
+    parsed = parse_footer(tail[len(tail) - FOOTER_SIZE:], size)
+    if parsed is None:
+        return None
+    count, table_off, table_crc = parsed
+    start = len(tail) - (size - table_off)
+    if start < 0:
+        return None
+    table = bytes(tail[start: len(tail) - FOOTER_SIZE])
+    if table[:4] != TABLE_MAGIC or zlib.crc32(table) != table_crc:
+        return None
+    arr = np.frombuffer(table, dtype=TABLE_ENTRY, offset=4)
+    if len(arr) and int((arr["offset"] + arr["length"]).max()) > table_off:
+        return None
+    return arr
+
+
 def _writer_tag() -> str:
     host = socket.gethostname().replace("-", "_").replace("/", "_") or "host"
     return f"{host}-{os.getpid()}"
@@ -115,6 +181,7 @@ class SegmentDir:
         seal_after_s: float | None = None,
         fsync: bool = False,
         name: str = "local",
+        stripes: int = 1,
     ) -> None:
         self.path = Path(path)
         self.name = name
@@ -127,7 +194,10 @@ class SegmentDir:
         self._units: dict[int, _Unit] = {}
         self._by_name: dict[str, int] = {}
         self._next_unit = 1
-        self._writer: _Writer | None = None
+        # several open segments: buffered writes to one file serialize on its inode lock
+        self._writers: list[_Writer | None] = [None] * stripes
+        self._stripe = threading.local()
+        self._stripe_next = 0
         self._seq = 0
         self._tag = _writer_tag()
         self._quarantine: set[tuple[str, int]] = set()
@@ -216,7 +286,7 @@ class SegmentDir:
             log.warning("lifeboat: cannot list %s: %s", self.path, e)
             return
         with self._lock:
-            own_names = {self._writer.unit.name} if self._writer else set()
+            own_names = {w.unit.name for w in self._writers if w is not None}
             gone = [u for u in self._units.values() if u.name not in listing and u.name not in own_names]
         for u in gone:
             self._drop(u)
@@ -313,20 +383,10 @@ class SegmentDir:
         """The trailer table of a sealed segment, or None when there is no valid trailer."""
         if size < FOOTER_SIZE:
             return None
-        raw = os.pread(fd, FOOTER_SIZE, size - FOOTER_SIZE)
-        if len(raw) != FOOTER_SIZE or raw[:4] != FOOTER_MAGIC:
+        parsed = parse_footer(os.pread(fd, FOOTER_SIZE, size - FOOTER_SIZE), size)
+        if parsed is None:
             return None
-        body = raw[: FOOTER.size]
-        if zlib.crc32(body) != struct.unpack_from("<I", raw, FOOTER.size)[0]:
-            return None
-        _, count, table_off, table_crc = FOOTER.unpack(body)
-        nbytes = 4 + count * TABLE_ENTRY.itemsize
-        if table_off + nbytes + FOOTER_SIZE != size:
-            return None
-        table = os.pread(fd, nbytes, table_off)
-        if len(table) != nbytes or table[:4] != TABLE_MAGIC or zlib.crc32(table) != table_crc:
-            return None
-        return np.frombuffer(table, dtype=TABLE_ENTRY, offset=4)
+        return parse_trailer(os.pread(fd, size - parsed[1], parsed[1]), size)
 
     def _scan_trailer(self, unit: _Unit, fd: int, size: int) -> bool:
         arr = self._read_table(fd, size)
@@ -407,7 +467,8 @@ class SegmentDir:
     def append(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int) -> Loc:
         """Append one record (header + payload parts) and index it. Raises OSError on I/O failure."""
         with self._lock:
-            w = self._writer_for(length)
+            stripe = self._my_stripe()
+            w = self._writer_for(stripe, length)
             rolled = w.reserved == 0
             off = w.reserved
             w.reserved += length
@@ -418,8 +479,8 @@ class SegmentDir:
         except OSError:
             with self._lock:
                 w.inflight -= 1
-                if self._writer is w:  # abandon the segment: its tail now has a hole
-                    self._writer = None
+                if self._writers[stripe] is w:  # abandon the segment: its tail now has a hole
+                    self._writers[stripe] = None
                     self._start_seal(w)
             raise
         with self._lock:
@@ -433,10 +494,18 @@ class SegmentDir:
             self.gc()
         return loc
 
-    def _writer_for(self, length: int) -> _Writer:
-        w = self._writer
+    def _my_stripe(self) -> int:
+        """Each writing thread sticks to one stripe (one open segment)."""
+        s = getattr(self._stripe, "i", None)
+        if s is None:
+            s = self._stripe.i = self._stripe_next % len(self._writers)
+            self._stripe_next += 1
+        return s
+
+    def _writer_for(self, stripe: int, length: int) -> _Writer:
+        w = self._writers[stripe]
         if w is not None and w.reserved + length > self.segment_bytes and w.reserved > 0:
-            self._writer = None
+            self._writers[stripe] = None
             self._start_seal(w)
             w = None
         if w is None:
@@ -444,7 +513,7 @@ class SegmentDir:
             name = f"{int(time.time() * 1000):013d}-{self._tag}-{self._seq:06d}{SEGMENT_SUFFIX}"
             fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             unit = self._add_unit(name, own=True)
-            w = self._writer = _Writer(unit, fd, time.monotonic())
+            w = self._writers[stripe] = _Writer(unit, fd, time.monotonic())
         return w
 
     def _start_seal(self, w: _Writer) -> None:
@@ -481,36 +550,26 @@ class SegmentDir:
 
     @staticmethod
     def _write_trailer(fd: int, at: int, entries: list[tuple[bytes, int, int, int]]) -> int:
-        arr = np.zeros(len(entries), dtype=TABLE_ENTRY)
-        if entries:
-            digests = np.frombuffer(b"".join(e[0] for e in entries), dtype="S16")
-            raw = digests.view(np.uint8).reshape(-1, 16)
-            arr["key"] = raw[:, :8].copy().view("<i8").reshape(-1)
-            arr["digest_tail"] = raw[:, 8:].copy().view("S8").reshape(-1)
-            arr["offset"] = [e[1] for e in entries]
-            arr["length"] = [e[2] for e in entries]
-            arr["raw_length"] = [e[3] for e in entries]
-        table = TABLE_MAGIC + arr.tobytes()
-        footer = FOOTER.pack(FOOTER_MAGIC, len(entries), at, zlib.crc32(table))
-        blob = table + footer + struct.pack("<I", zlib.crc32(footer))
+        blob = build_trailer(at, entries)
         _pwritev_all(fd, [blob], at)
         return at + len(blob)
 
     def seal(self) -> None:
         """Seal the open segment now (flush / close / shared-FS visibility)."""
         with self._lock:
-            w, self._writer = self._writer, None
-            if w is not None:
-                self._start_seal(w)
+            for i, w in enumerate(self._writers):
+                self._writers[i] = None
+                if w is not None:
+                    self._start_seal(w)
 
     def _maybe_time_seal(self) -> None:
         if self.seal_after_s is None:
             return
         with self._lock:
-            w = self._writer
-            if w is not None and w.reserved and time.monotonic() - w.created >= self.seal_after_s:
-                self._writer = None
-                self._start_seal(w)
+            for i, w in enumerate(self._writers):
+                if w is not None and w.reserved and time.monotonic() - w.created >= self.seal_after_s:
+                    self._writers[i] = None
+                    self._start_seal(w)
 
     # ------------------------------------------------------------------ read path
     def read_into(self, loc: Loc, bufs: Sequence[memoryview]) -> bool:

@@ -32,7 +32,7 @@ def test_stats_reports_pages_ratio_and_capacity(tmp_path, capsys):
     assert main(["stats", "--config", str(cfg), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     t = out["tiers"][0]
-    assert t["pages"] == 20 and t["segments"] == 1
+    assert t["pages"] == 20 and t["segments"] >= 1
     assert t["raw_bytes"] == 20 * 8192 and t["compression_ratio"] > 1.0
     assert 0 < t["capacity_used"] < 1
 
