@@ -50,6 +50,11 @@ def index_key(digest: bytes) -> int:
 
 def digests(ns: bytes, keys: list[str | bytes] | tuple[str | bytes, ...]) -> tuple[list[bytes], np.ndarray]:
     """Digests of a batch of keys plus their index keys as an int64 array."""
-    ds = [hashlib.blake2b(key_bytes(k), digest_size=16, key=ns).digest() for k in keys]
+    base = hashlib.blake2b(digest_size=16, key=ns)  # copying a keyed state is cheaper than re-keying
+    ds = []
+    for k in keys:
+        h = base.copy()
+        h.update(k.encode() if isinstance(k, str) else key_bytes(k))
+        ds.append(h.digest())
     ik = np.frombuffer(b"".join(d[:8] for d in ds), dtype="<i8") if ds else np.empty(0, dtype=np.int64)
     return ds, ik
