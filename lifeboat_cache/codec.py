@@ -135,11 +135,22 @@ def _dctx() -> zstandard.ZstdDecompressor:
 
 def split_planes(page: np.ndarray, itemsize: int) -> np.ndarray:
     """(n*k,) bytes -> (k, n) planes, highest byte first (little-endian input)."""
+    if itemsize == 2:  # bf16/fp16: two vector ops instead of a strided transpose (~4x faster)
+        words = page.view("<u2")
+        planes = np.empty((2, words.size), dtype=np.uint8)
+        np.right_shift(words, 8, out=planes[0], casting="unsafe")
+        np.copyto(planes[1], words, casting="unsafe")  # the low byte
+        return planes
     return np.ascontiguousarray(page.reshape(-1, itemsize)[:, ::-1].T)
 
 
 def merge_planes_into(planes: list[np.ndarray], dst: np.ndarray, itemsize: int) -> None:
     """Inverse of split_planes, written straight into dst."""
+    if itemsize == 2 and len(planes) == 2:  # same fast path as split_planes
+        words = dst.view("<u2")
+        np.left_shift(planes[0], 8, out=words, dtype=np.uint16)
+        np.bitwise_or(words, planes[1], out=words)
+        return
     view = dst.reshape(-1, itemsize)
     for j, plane in enumerate(planes):
         view[:, itemsize - 1 - j] = plane

@@ -22,6 +22,7 @@ DEFAULT_FAILURE_COOLDOWN_S = 1.0
 DEFAULT_FAILURE_COOLDOWN_MAX_S = 60.0
 DEFAULT_COPY_QUEUE_BYTES = 256 << 20
 DEFAULT_AUTO_CAPACITY_MAX_BYTES = 64 << 30
+DEFAULT_S3_REFRESH_INTERVAL_S = 5.0
 MAX_KEY_NAMESPACE_BYTES = 64
 TIER_TYPES = ("local", "nfs", "s3")
 COMPRESSIONS = ("zstd", "none")
@@ -163,7 +164,7 @@ _TIER_KEYS = {
     "local": _TIER_COMMON | {"path", "paths", "segment_size", "affinity_chunks", "refresh_interval_s"},
     "nfs": _TIER_COMMON | {"path", "segment_size", "refresh_interval_s", "seal_after_s"},
     "s3": _TIER_COMMON | {"bucket", "prefix", "endpoint_url", "region", "connect_timeout_s",
-                          "read_timeout_s", "max_attempts"},
+                          "read_timeout_s", "max_attempts", "refresh_interval_s"},
 }
 
 
@@ -209,6 +210,9 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
                 kw[k] = _parse_float(obj[k], f"{where}.{k}", 0.05, 600)
         if "max_attempts" in obj:
             kw["max_attempts"] = _parse_int(obj["max_attempts"], f"{where}.max_attempts", 1, 20)
+        # each refresh is one LIST request per host: less often than on a file system
+        kw["refresh_interval_s"] = _parse_float(obj.get("refresh_interval_s", DEFAULT_S3_REFRESH_INTERVAL_S),
+                                                f"{where}.refresh_interval_s", 0.05, 3600)
     if obj.get("capacity") not in (None, "auto"):
         kw["capacity_bytes"] = parse_size(obj["capacity"], f"{where}.capacity")
     for k in ("failure_cooldown_s", "failure_cooldown_max_s"):

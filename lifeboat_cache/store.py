@@ -11,6 +11,7 @@ one that fails is dropped from the index and quarantined.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -23,11 +24,15 @@ import numpy as np
 from . import codec
 from .codec import HEADER_SIZE, RecordError
 from .config import Settings, TierSettings, load_settings
+from .copier import DEFAULT_COPY_WORKERS, Copier
 from .keys import digests
 from .metrics import Counters
 from .tiers import Ref, Tier, open_tier
 
 log = logging.getLogger(__name__)
+
+FLUSH_COPY_TIMEOUT_S = 60.0
+CLOSE_COPY_TIMEOUT_S = 30.0
 
 
 class Cooldown:
@@ -96,7 +101,11 @@ class ChunkStore:
         self.write_cooldowns = [self._cooldown(t, ts, "write") for t, ts in zip(self.tiers, self._tier_settings())]
         self._pool = ThreadPoolExecutor(max_workers=eng.io_workers, thread_name_prefix="lifeboat-io")
         self._closed = False
-        self._copier: Callable[[int, bytes, list[object], int], None] | None = None
+        # the drive-choice rule of the first multi-drive tier: a dialog's first N pages pick its drive
+        self.affinity_chunks = next((ts.affinity_chunks for ts in settings.storage if len(ts.paths) > 1), 1)
+        # a single tier needs no copy, and so pays nothing for it
+        self._copier = Copier(self.tiers, self.write_cooldowns, self.counters, max_bytes=eng.copy_queue_bytes,
+                              workers=min(DEFAULT_COPY_WORKERS, eng.io_workers)) if len(self.tiers) > 1 else None
 
     def _tier_settings(self) -> list[TierSettings]:
         given = list(self.settings.storage)
@@ -115,7 +124,7 @@ class ChunkStore:
         tiers: list[Tier] = []
         try:
             for ts in settings.storage:
-                tiers.append(open_tier(ts, background=background))
+                tiers.append(open_tier(ts, background=background, io_workers=settings.engine.io_workers))
         except BaseException:
             for t in tiers:
                 t.close()
@@ -147,11 +156,26 @@ class ChunkStore:
         return n
 
     # ------------------------------------------------------------------ writes
+    def affinity_of(self, ns: bytes, dialog_keys: Sequence[str | bytes]) -> int:
+        """The drive-choice value of a dialog, from its first `affinity_chunks` page keys.
+
+        Pass it as `affinity=` to every `put` / `get_into` of that dialog (the keys of its first
+        pages, not of the batch), so all its pages sit on one drive of a multi-drive tier.
+        """
+        ds, _ = digests(ns, list(dialog_keys[: self.affinity_chunks]))
+        return self._affinity(ds)
+
+    def _affinity(self, ds: Sequence[bytes]) -> int:
+        first = b"".join(ds[: self.affinity_chunks])
+        return int.from_bytes(hashlib.blake2b(first, digest_size=8).digest(), "little") if first else 0
+
     def put(self, ns: bytes, keys: Sequence[str | bytes], buffers: Sequence[object],
             *, affinity: int | None = None) -> list[bool]:
         """Store pages; True per page that is stored afterwards (already-present pages count).
 
-        Raises only for caller bugs (length mismatch, non-contiguous buffers).
+        `affinity` picks the drive of a multi-drive tier (see `affinity_of`); by default it comes
+        from the first `affinity_chunks` keys of this batch. Raises only for caller bugs (length
+        mismatch, non-contiguous buffers).
         """
         if len(keys) != len(buffers):
             raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
@@ -162,16 +186,20 @@ class ChunkStore:
         tier, cd = self.tiers[0], self.write_cooldowns[0]
         present = tier.contains(ik) if len(ik) else np.zeros(0, bool)
         if affinity is None:
-            affinity = int(ik[0]) if len(ik) else 0
+            affinity = self._affinity(ds)
         todo = []
         for i in range(len(keys)):
             if present[i]:
                 results[i] = True
             else:
                 todo.append(i)
+        redirect = False  # first tier cooling down: queue the pages for the tiers behind it
         if todo and cd.active():
-            self.counters.add("writes_dropped_cooldown", len(todo))
-            todo = []
+            if self._copier is None:
+                self.counters.add("writes_dropped_cooldown", len(todo))
+                todo = []
+            else:
+                redirect = True
 
         def one(i: int) -> bool:
             pieces, itemsize, dt = views[i]
@@ -179,6 +207,10 @@ class ChunkStore:
                 header, parts, length = codec.build_record(
                     pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize, dtype=dt, digest=ds[i],
                     namespace=ns, compress=self.compress)
+                if redirect:  # not stored yet, so False; the copier writes it to the lower tiers
+                    self.counters.add("writes_redirected")
+                    self._copier.offer(int(ik[i]), ds[i], [header, *parts], length, affinity)  # type: ignore[union-attr]
+                    return False
                 tier.write(int(ik[i]), ds[i], [header, *parts], length, affinity)
             except OSError as e:
                 self.counters.add("write_errors")
@@ -188,7 +220,7 @@ class ChunkStore:
             self.counters.add("bytes_written_raw", sum(p.nbytes for p in pieces))
             self.counters.add("bytes_written_stored", length)
             if self._copier is not None:
-                self._copier(int(ik[i]), ds[i], [header, *parts], length)
+                self._copier.offer(int(ik[i]), ds[i], [header, *parts], length, affinity)
             return True
 
         for i, ok in zip(todo, self._map(one, todo)):
@@ -201,10 +233,13 @@ class ChunkStore:
         return results
 
     # ------------------------------------------------------------------ reads
-    def get_into(self, ns: bytes, keys: Sequence[str | bytes], buffers: Sequence[object]) -> list[bool]:
+    def get_into(self, ns: bytes, keys: Sequence[str | bytes], buffers: Sequence[object],
+                 *, affinity: int | None = None) -> list[bool]:
         """Read pages straight into the given writable buffers; True per verified page.
 
         On False the buffer's content is unspecified: never use a page whose result is False.
+        A page found on a lower tier is promoted to the first one, on the drive `affinity` picks
+        (default as in `put`).
         """
         if len(keys) != len(buffers):
             raise ValueError(f"get_into: {len(keys)} keys but {len(buffers)} buffers")
@@ -214,8 +249,11 @@ class ChunkStore:
         if not all(p.flags.writeable for pieces, _, _ in views for p in pieces):
             raise ValueError("get_into: destination buffers must be writable")
 
+        if affinity is None:
+            affinity = self._affinity(ds)
+
         def one(i: int) -> bool:
-            return self._read_one(ns, int(ik[i]), ds[i], views[i][0])
+            return self._read_one(ns, int(ik[i]), ds[i], views[i][0], affinity)
 
         results = list(self._map(one, range(len(keys))))
         n_ok = sum(results)
@@ -226,7 +264,7 @@ class ChunkStore:
                      (time.perf_counter() - t0) * 1e3)
         return results
 
-    def _read_one(self, ns: bytes, ikey: int, digest: bytes, dst: list[np.ndarray]) -> bool:
+    def _read_one(self, ns: bytes, ikey: int, digest: bytes, dst: list[np.ndarray], affinity: int = 0) -> bool:
         for level, (tier, cd) in enumerate(zip(self.tiers, self.read_cooldowns)):
             if cd.active():
                 self.counters.add("tier_skipped_cooldown")
@@ -245,7 +283,7 @@ class ChunkStore:
             cd.ok()
             if level > 0:
                 self.counters.add(f"hits_tier{level}")
-                self._promote(ikey, digest, raw)
+                self._promote(ikey, digest, raw, affinity)
             return True
         return False
 
@@ -285,13 +323,13 @@ class ChunkStore:
             return b"".join([bytes(hdr), *(p.tobytes() for p in dst)]) if want_record else hdr
         return bufs[0]
 
-    def _promote(self, ikey: int, digest: bytes, record: memoryview) -> None:
+    def _promote(self, ikey: int, digest: bytes, record: memoryview, affinity: int = 0) -> None:
         """A hit from a lower tier is written to the first tier so the next read is local."""
         tier, cd = self.tiers[0], self.write_cooldowns[0]
         if cd.active():
             return
         try:
-            tier.write(ikey, digest, [record], len(record))
+            tier.write(ikey, digest, [record], len(record), affinity)
             self.counters.add("promotions")
         except OSError as e:
             cd.fail("promote", e)
@@ -318,6 +356,7 @@ class ChunkStore:
         return {
             "counters": c,
             "compression_ratio": (raw / stored) if stored else None,
+            "copy_queue_bytes": self._copier.pending_bytes if self._copier is not None else 0,
             "tiers": [dict(t.stats(), reads_cooling_down=r.active(), writes_cooling_down=w.active())
                       for t, r, w in zip(self.tiers, self.read_cooldowns, self.write_cooldowns)],
         }
@@ -352,6 +391,9 @@ class ChunkStore:
         return sum(t.gc() for t in self.tiers)
 
     def flush(self) -> None:
+        """Write out what is buffered: queued background copies first, then each tier."""
+        if self._copier is not None and not self._copier.drain(FLUSH_COPY_TIMEOUT_S):
+            log.warning("lifeboat: flush: background copies still queued after %.0f s", FLUSH_COPY_TIMEOUT_S)
         for t in self.tiers:
             try:
                 t.flush()
@@ -363,6 +405,8 @@ class ChunkStore:
             return
         self._closed = True
         self._pool.shutdown(wait=True)
+        if self._copier is not None:
+            self._copier.close(CLOSE_COPY_TIMEOUT_S)
         for t in self.tiers:
             try:
                 t.close()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from ..config import TierSettings
+from ..config import DEFAULT_IO_WORKERS, TierSettings
 from .base import Ref, Tier
 from .local import LocalTier
 
 
-def open_tier(settings: TierSettings, *, background: bool = True) -> Tier:
-    """Build and open the tier for one `storage[]` entry (imports optional backends lazily)."""
+def open_tier(settings: TierSettings, *, background: bool = True, io_workers: int | None = None) -> Tier:
+    """Build and open the tier for one `storage[]` entry (imports optional backends lazily).
+
+    `io_workers` sizes a network tier's connection pool (default: the engine default).
+    """
     if settings.type == "local":
         return LocalTier(settings).open(background=background)
     if settings.type == "nfs":
@@ -18,7 +21,7 @@ def open_tier(settings: TierSettings, *, background: bool = True) -> Tier:
     if settings.type == "s3":
         from .s3 import S3Tier
 
-        return S3Tier(settings).open(background=background)
+        return S3Tier(settings, io_workers=io_workers or DEFAULT_IO_WORKERS).open(background=background)
     raise ValueError(f"unknown tier type {settings.type!r}")
 
 

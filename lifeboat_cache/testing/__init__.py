@@ -1,0 +1,1 @@
+"""Test helpers shipped with the package: the tier conformance suite and fault injection."""

@@ -1,0 +1,376 @@
+"""Serve requests through SGLang's real MLX classes, one at a time, the way its scheduler does.
+
+Why this exists: ``SGLANG_USE_MLX=1 sglang.launch_server`` refuses to start without an Apple Metal
+device, so on Linux (CI, this repo's tests, the demo) nothing launches the scheduler. The pieces the
+scheduler drives do run on Linux CPU, so :class:`MlxServing` drives them in the scheduler's order:
+
+1. ``load_plugins()`` (the real ``sglang.srt.plugins`` entry point → ``lifeboat`` registration), then
+   ``publish(ServerArgs)`` (the plugin's resolution hook picks ``--radix-cache-backend lifeboat``);
+2. ``MlxModelRunner`` (mlx-lm model, ``MlxAttentionKVPool`` created lazily on first use, as
+   ``MlxTpModelWorker._ensure_mlx_pool_initialized`` does), ``ReqToTokenPool`` /
+   ``MlxAuxiliaryStateReqToTokenPool``, ``TokenToKVPoolAllocator`` over SGLang's ``_DummyKVCache``;
+3. the tree cache from ``registry.create_tree_cache(TreeCacheBuildContext)``;
+4. per request: arrival through the (wrapped) ``Scheduler._prefetch_kvcache``; ``Req.init_next_round_input``
+   (``match_prefix``); ``tree_cache.lock``; row and slot allocation with ``alloc_token_slots``;
+   ``MlxModelRunner.prefill`` / ``decode_batch``; ``Req.update_finish_state``;
+   ``MlxTpModelWorker.prepare_for_kv_cache_release``; ``release_kv_cache`` (→ ``checkpoint``).
+
+Only two objects are not SGLang's own construction: the ``MlxTpModelWorker`` is created without its
+``TpModelWorker.__init__`` (which needs a launched server) and given the runner, and its torch-side
+``MlxModelRunnerStub`` is represented by the object holding ``req_to_token_pool``, the one attribute
+``_ensure_mlx_pool_initialized`` reads. Requests run one at a time (no batching, no overlap).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from array import array
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationResult:
+    rid: str
+    output_ids: list[int]
+    prompt_tokens: int
+    cached_tokens: int      # prefix served from the cache (SGLang's cached_tokens = prefix_len)
+    ttft_s: float           # arrival -> first output token (match, restore, prefill)
+    decode_s: float         # all decode steps
+    release_s: float        # end-of-request work on the scheduler thread (sync + tree insert + capture)
+    aborted: str | None = None
+
+
+def _preresolve_mlx_gate() -> None:
+    """Resolve SGLang's cached ``use_mlx()`` gate to False before ``SGLANG_USE_MLX=1`` is set.
+
+    The gate validates Metal and raises on Linux; nothing driven here needs it (the harness is what
+    the gate would have enabled), but server-arg resolution calls it.
+    """
+    from sglang.srt.hardware_backend.mlx.runtime import use_mlx
+
+    saved = os.environ.pop("SGLANG_USE_MLX", None)
+    try:
+        use_mlx()
+    finally:
+        if saved is not None:
+            os.environ["SGLANG_USE_MLX"] = saved
+
+
+class MlxServing:
+    """One model, one tree cache, requests served sequentially (see module doc)."""
+
+    def __init__(self, model_dir: str | os.PathLike[str], *, lifeboat: bool = True, pool_size: int = 8192,
+                 max_running_requests: int = 4, context_len: int | None = None) -> None:
+        import torch
+
+        _preresolve_mlx_gate()
+        if lifeboat:
+            os.environ["SGLANG_USE_MLX"] = "1"
+            os.environ["LIFEBOAT_CACHE"] = "1"
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.hardware_backend.mlx.kv_cache.auxiliary_state import MlxAuxiliaryStateReqToTokenPool
+        from sglang.srt.hardware_backend.mlx.model_runner import MlxModelRunner
+        from sglang.srt.hardware_backend.mlx.model_runner_stub import _DummyKVCache
+        from sglang.srt.hardware_backend.mlx.tp_worker import MlxTpModelWorker
+        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.kv_cache_builder import uses_ssm_state
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+        from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
+        from sglang.srt.runtime_context import get_memory, publish, reset_context
+        from sglang.srt.server_args import ServerArgs
+
+        self.model_dir = str(model_dir)
+        reset_context()
+        self.server_args = ServerArgs(model_path=self.model_dir, device="cpu", page_size=1,
+                                      disable_overlap_schedule=True)
+        publish(self.server_args, role="scheduler")
+        self.backend = get_memory().radix_cache_backend
+        self.model_config = ModelConfig.from_server_args(self.server_args)
+        ctx_len = context_len or min(int(self.model_config.context_len), pool_size)
+
+        self.runner = MlxModelRunner(model_path=self.model_dir, pool_size=pool_size)
+        self.hybrid = bool(uses_ssm_state(self.model_config))
+        if self.hybrid:
+            self.req_to_token_pool = MlxAuxiliaryStateReqToTokenPool(
+                size=max_running_requests, max_context_len=ctx_len, device="cpu", enable_memory_saver=False,
+                auxiliary_state_size=max_running_requests * 4)
+        else:
+            self.req_to_token_pool = ReqToTokenPool(size=max_running_requests, max_context_len=ctx_len,
+                                                    device="cpu", enable_memory_saver=False)
+        dummy = _DummyKVCache(size=pool_size, dtype=torch.float32, device="cpu")
+        self.allocator = TokenToKVPoolAllocator(size=pool_size, dtype=torch.float32, device="cpu",
+                                                kvcache=dummy, need_sort=False)
+        self.worker = object.__new__(MlxTpModelWorker)
+        self.worker._mlx_runner = self.runner
+        self.worker._model_runner = SimpleNamespace(req_to_token_pool=self.req_to_token_pool)
+        self.worker._mlx_pool_initialized = False
+        self.worker._mlx_active_rids = set()
+        self.worker._req_retraction_count = {}
+
+        params = CacheInitParams(disable=False, req_to_token_pool=self.req_to_token_pool,
+                                 token_to_kv_pool_allocator=self.allocator, page_size=1)
+        ctx = TreeCacheBuildContext(
+            server_args=self.server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=self.hybrid,
+            enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=self.worker,
+            model_config=self.model_config, tp_size=1, tp_rank=0, tp_group=None)
+        self.cache = create_tree_cache(ctx)
+        self._scheduler = self._scheduler_shell()
+        self._n = 0
+
+    def _scheduler_shell(self) -> Any:
+        """A ``Scheduler`` instance carrying only what ``_prefetch_kvcache`` reads (no launch)."""
+        from sglang.srt.managers.scheduler import Scheduler
+
+        shell = object.__new__(Scheduler)
+        shell.tree_cache = self.cache
+        shell.enable_hicache_storage = False
+        shell.enable_lmcache = False
+        return shell
+
+    @property
+    def engine(self) -> Any:
+        return getattr(self.cache, "lifeboat", None)
+
+    @property
+    def pool(self) -> Any:
+        self.worker._ensure_mlx_pool_initialized()
+        return self.runner._attention_kv_pool
+
+    # ------------------------------------------------------------------ serving
+    def generate(self, input_ids: Sequence[int], max_new_tokens: int = 16, rid: str | None = None,
+                 extra_key: str | None = None, cache_salt: str | None = None) -> GenerationResult:
+        import torch
+
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.mem_cache.allocation import alloc_token_slots
+        from sglang.srt.mem_cache.common import release_kv_cache
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        self._n += 1
+        rid = rid or f"req-{os.getpid()}-{self._n}"
+        sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+        sp.normalize(None)
+        req = Req(rid, "", array("q", [int(t) for t in input_ids]), sp, extra_key=extra_key,
+                  cache_salt=cache_salt)
+        t_arrival = time.perf_counter()
+        self._scheduler._prefetch_kvcache(req)  # what _add_request_to_queue does on arrival
+        if req.finished():
+            return GenerationResult(rid, [], len(input_ids), 0, 0.0, 0.0, 0.0,
+                                    aborted=str(req.finished_reason.message if hasattr(
+                                        req.finished_reason, "message") else req.finished_reason))
+        req.init_next_round_input(self.cache)
+        req.extend_end = len(req.full_untruncated_fill_ids)
+        req.lock = self.cache.lock(req.last_node)
+        prefix = (self.cache.prefix_device_indices(req) if req.prefix_len
+                  else torch.empty(0, dtype=torch.int64))
+        cached = int(req.prefix_len)
+        self.req_to_token_pool.alloc([req])
+        idx = req.kv.req_pool_idx
+        new = alloc_token_slots(self.cache, req.extend_end - req.prefix_len)
+        self.req_to_token_pool.write((idx, slice(0, req.prefix_len)), prefix)
+        self.req_to_token_pool.write((idx, slice(req.prefix_len, req.extend_end)), new)
+        req.kv.kv_allocated_len = req.kv.kv_committed_len = req.extend_end
+        ids = list(req.full_untruncated_fill_ids)
+        self.worker._ensure_mlx_pool_initialized()  # what every MlxTpModelWorker forward does first
+        tok = self.runner.prefill(rid, ids[req.prefix_len:], ids, prefix.tolist(), new.tolist(), idx, req=req)
+        ttft = time.perf_counter() - t_arrival
+        req.output_ids.append(tok)
+        req.update_finish_state()
+        t_dec = time.perf_counter()
+        while not req.finished():
+            seq = req.kv.kv_allocated_len
+            slot = alloc_token_slots(self.cache, 1)
+            self.req_to_token_pool.write((idx, seq), slot.to(torch.int32))
+            req.kv.kv_allocated_len += 1
+            req.kv.kv_committed_len += 1
+            req.output_ids.append(self.runner.decode_batch([rid])[0])
+            req.update_finish_state()
+        decode_s = time.perf_counter() - t_dec
+        t_rel = time.perf_counter()
+        self.worker.prepare_for_kv_cache_release(req)
+        release_kv_cache(req, self.cache, checkpoint=True)
+        release_s = time.perf_counter() - t_rel
+        self.runner.remove_request(rid)
+        return GenerationResult(rid, [int(t) for t in req.output_ids], len(input_ids), cached, ttft,
+                                decode_s, release_s)
+
+    def arrive(self, input_ids: Sequence[int], rid: str) -> Any:
+        """Only the arrival step of a request (for the hybrid concurrency guard); returns the Req."""
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        sp = SamplingParams(max_new_tokens=1, temperature=0.0)
+        sp.normalize(None)
+        req = Req(rid, "", array("q", [int(t) for t in input_ids]), sp)
+        self._scheduler._prefetch_kvcache(req)
+        return req
+
+    # ------------------------------------------------------------------ inspection
+    def tree_kv_rows(self, input_ids: Sequence[int], n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V pool rows ``[layers, n_tokens, heads, dim]`` the tree holds for a prompt's first tokens.
+
+        A plain tree match (no request, so no store extension); bf16 comes back as uint16 bits.
+        """
+        import mlx.core as mx
+
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        key = RadixKey(array("q", [int(t) for t in input_ids]), None, limit=n_tokens)
+        res = self.cache.match_prefix(MatchPrefixParams(key=key))
+        if res.device_prefix_len < n_tokens:
+            raise AssertionError(f"the tree holds {res.device_prefix_len} tokens of this prompt, not {n_tokens}")
+        slots = self.cache.path_device_indices(res.last_device_node)[:n_tokens]
+        k, v = self.pool.get_kv_all_layers(mx.array(slots.numpy().astype(np.int32)))
+        if k.dtype == mx.bfloat16:
+            k, v = k.view(mx.uint16), v.view(mx.uint16)
+        mx.eval(k, v)
+        return np.array(k), np.array(v)
+
+    def reset_tree(self) -> None:
+        """Forget the in-memory prefix cache (as SGLang's /flush_cache does); the store is untouched."""
+        self.cache.reset()
+        self.runner.clear()
+
+    def flush(self, timeout: float = 60.0) -> bool:
+        eng = self.engine
+        return eng.flush(timeout) if eng is not None else True
+
+    def close(self) -> None:
+        eng = self.engine
+        if eng is not None:
+            eng.close()
+
+
+# ------------------------------------------------------------------------------------------ plans
+
+def _ids(step: dict[str, Any], prompts: dict[str, list[int]]) -> list[int]:
+    ids = step.get("ids")
+    if isinstance(ids, str):
+        return prompts[ids]
+    return [int(t) for t in ids]
+
+
+def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """Run a JSON plan of serving steps in this (fresh) process; returns JSON-able results.
+
+    Tests and benchmarks start one process per plan, so each plan is one "server lifetime":
+    ``{"model": dir, "lifeboat": true, "pool_size": 4096, "prompts": {name: [ids]}, "out": dir,
+    "steps": [{"op": "generate", "name": ..., "ids": name-or-list, "max_new_tokens": 8,
+    "save_rows": n_tokens, "extra_key": ..., "cache_salt": ...}, {"op": "flush"},
+    {"op": "reset_tree"}, {"op": "arrive", "ids": ..., "rid": ...}, {"op": "stats"}]}``.
+    """
+    import json
+    from pathlib import Path
+
+    out_dir = Path(plan["out"]) if plan.get("out") else None
+    serving = MlxServing(plan["model"], lifeboat=plan.get("lifeboat", True),
+                         pool_size=int(plan.get("pool_size", 4096)))
+    prompts = {k: [int(t) for t in v] for k, v in (plan.get("prompts") or {}).items()}
+    results: dict[str, Any] = {"backend": serving.backend, "cache_class": type(serving.cache).__name__,
+                               "steps": {}}
+    if serving.engine is not None:
+        results["namespace"] = serving.engine.ns.hex()
+    for i, step in enumerate(plan.get("steps", [])):
+        op = step["op"]
+        name = step.get("name", f"{op}{i}")
+        if op == "generate":
+            r = serving.generate(_ids(step, prompts), int(step.get("max_new_tokens", 8)), rid=step.get("rid"),
+                                 extra_key=step.get("extra_key"), cache_salt=step.get("cache_salt"))
+            rec = dict(r.__dict__)
+            if step.get("save_rows") and out_dir is not None and r.aborted is None:
+                k, v = serving.tree_kv_rows(_ids(step, prompts), int(step["save_rows"]))
+                np.save(out_dir / f"{name}_k.npy", k)
+                np.save(out_dir / f"{name}_v.npy", v)
+            results["steps"][name] = rec
+        elif op == "arrive":
+            req = serving.arrive(_ids(step, prompts), step["rid"])
+            results["steps"][name] = {"finished": req.finished(),
+                                      "reason": getattr(req.finished_reason, "message", None)
+                                      if req.finished_reason is not None else None}
+        elif op == "flush":
+            results["steps"][name] = {"flushed": serving.flush()}
+        elif op == "reset_tree":
+            serving.reset_tree()
+        elif op == "stats":
+            results["steps"][name] = serving.engine.stats() if serving.engine is not None else {}
+        else:
+            raise ValueError(f"unknown plan op {op!r}")
+    if serving.engine is not None:
+        results["stats"] = serving.engine.stats()
+    serving.flush()
+    serving.close()
+    if out_dir is not None:
+        (out_dir / "results.json").write_text(json.dumps(results))
+    return results
+
+
+DEFAULT_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
+
+
+def child_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """Environment for a plan process: OpenBLAS preloaded on Linux (MLX's CPU wheel ships a reference
+    BLAS ~30x slower for fp32 GEMM), plus ``extra`` (e.g. ``XDG_CACHE_HOME`` for an isolated store)."""
+    import sys
+
+    env = dict(os.environ if base is None else base)
+    lib = env.get("LIFEBOAT_BLAS_PRELOAD") or DEFAULT_BLAS
+    if sys.platform.startswith("linux") and os.path.exists(lib):
+        parts = [p for p in env.get("LD_PRELOAD", "").split() if p and p != lib]
+        env["LD_PRELOAD"] = " ".join([lib, *parts])
+    env.update(extra)
+    return env
+
+
+def run_plan_process(plan: dict[str, Any], env: dict[str, str], timeout: float = 600.0) -> dict[str, Any]:
+    """Run a plan in a fresh Python process (a server lifetime); raise with its output if it fails."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(plan, f)
+        path = f.name
+    try:
+        proc = subprocess.run([sys.executable, "-m", "lifeboat_cache.testing.mlx_serving", path],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        os.unlink(path)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("LIFEBOAT_RESULTS "):
+            if proc.returncode == 0:
+                return json.loads(line[len("LIFEBOAT_RESULTS "):])
+    raise RuntimeError(f"plan process failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lifeboat_cache.testing.mlx_serving plan.json``: run a plan, print its results."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=os.environ.get("LIFEBOAT_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    with open(args[0]) as f:
+        plan = json.load(f)
+    results = run_plan(plan)
+    print("LIFEBOAT_RESULTS " + json.dumps(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

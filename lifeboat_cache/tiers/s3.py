@@ -1,0 +1,560 @@
+"""`type: s3`: AWS S3, NetApp ONTAP S3 or any S3-compatible store, through boto3.
+
+Layout: one object per write batch under `<prefix>o/`, named
+`<ms>-<host>-<pid>-<token><seq>-<count>.lbo` (names sort by age; host, pid and a per-process random
+token make every writer's names its own, so nothing needs a lock). An object is laid out like a
+sealed segment: self-describing records (64-byte header + payload), then the record table and a
+checksummed footer. Because the record count is in the name, one ranged GET of exactly the trailer
+indexes an object.
+
+* Open: the index is rebuilt in the background from a paginated ListObjectsV2 plus one ranged GET
+  per object; `contains` answers from the in-memory index only, so `exists` never waits on the
+  network. Later listings start a few minutes before the newest name seen (cheap); a full listing
+  every `FULL_RELIST_S` notices objects other hosts evicted. A read of a vanished object is a stale
+  miss, not an error.
+* Reads are ranged GETs of one record; the store verifies it. Writes are one PUT per batch, then
+  the index (write, then index).
+* Failures: every boto3/botocore/urllib3 exception becomes an OSError (the store's cooldown);
+  timeouts and retries are bounded by `connect_timeout_s`, `read_timeout_s`, `max_attempts`.
+* Credentials come from the standard AWS chain (env, profile, web identity, instance role) and are
+  never logged; error messages are scrubbed of them.
+* Capacity: bytes of every object listed or written; over capacity, the oldest objects are deleted
+  (DeleteObjects, up to 1000 per request) by the background thread. No capacity = no eviction
+  (use a bucket lifecycle rule).
+* A record that fails verification is dropped from the index and marked by a tiny object under
+  `<prefix>q/`, so a later rebuild (on any host) skips it.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..codec import raw_length
+from ..config import DEFAULT_IO_WORKERS, TierSettings
+from ..index import Index, Loc
+from ..metrics import Counters
+from .base import Ref, Tier
+from .segment import _writer_tag, build_trailer, parse_trailer, trailer_size
+
+try:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+except ImportError as e:  # pragma: no cover - exercised only without the [s3] extra
+    raise ImportError("storage type 's3' needs boto3: pip install 'lifeboat-cache[s3]'") from e
+
+log = logging.getLogger(__name__)
+
+DATA_DIR = "o/"
+QUARANTINE_DIR = "q/"
+OBJECT_SUFFIX = ".lbo"
+LIST_PAGE_KEYS = 1000  # ListObjectsV2 maximum
+DELETE_BATCH_KEYS = 1000  # DeleteObjects maximum
+LISTING_LOOKBACK_S = 120.0  # upload time + clock skew: incremental listings start this far back
+FULL_RELIST_S = 600.0
+BACKGROUND_CONNECTIONS = 8  # copier and index threads, on top of the io workers
+TABLE_FETCH_WORKERS = 4
+INDEX_CHUNK_OBJECTS = 256
+STALE_CODES = frozenset({"NoSuchKey", "404", "InvalidRange", "416"})
+_TOKEN = os.urandom(3).hex()  # same host name and pid in two containers must not collide
+_SEQ = itertools.count(1)  # shared by every tier in the process: names never repeat
+
+
+class S3Error(OSError):
+    """An S3 request failed; `code` is the S3 error code or HTTP status, or '' for transport errors."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(errno.EIO, message)
+        self.code = code
+
+
+@dataclass
+class _Obj:
+    id: int
+    name: str  # relative to the data prefix
+    size: int
+    born: int  # listing generation when it was registered: a listing never drops a newer object
+    records: int = 0
+    stored_bytes: int = 0
+    raw_bytes: int = 0
+
+
+def _norm_prefix(prefix: str) -> str:
+    prefix = prefix.lstrip("/")
+    return prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
+def _parse_name(name: str) -> tuple[int, int] | None:
+    """'<ms>-<host>-<pid>-<token><seq>-<count>.lbo' -> (ms, count)."""
+    if not name.endswith(OBJECT_SUFFIX):
+        return None
+    parts = name[: -len(OBJECT_SUFFIX)].split("-")
+    if len(parts) != 5 or not parts[0].isdigit() or not parts[4].isdigit():
+        return None
+    return int(parts[0]), int(parts[4])
+
+
+def make_client(settings: TierSettings, pool_connections: int) -> tuple[Any, Any]:
+    """A boto3 S3 client with bounded timeouts and retries; credentials from the default chain.
+
+    Checksums are computed only when an operation requires them: several S3-compatible stores
+    (older ONTAP S3, MinIO) reject boto3's default CRC headers, and records carry their own CRCs.
+    """
+    s3_opts: dict[str, Any] = {"addressing_style": "path"} if settings.endpoint_url else {}
+    cfg = Config(
+        connect_timeout=settings.connect_timeout_s,
+        read_timeout=settings.read_timeout_s,
+        retries={"total_max_attempts": settings.max_attempts, "mode": "standard"},
+        max_pool_connections=pool_connections,
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        user_agent_extra="lifeboat-cache",
+        s3=s3_opts or None,
+    )
+    session = boto3.session.Session()
+    client = session.client("s3", endpoint_url=settings.endpoint_url, region_name=settings.region, config=cfg)
+    return session, client
+
+
+class S3Tier(Tier):
+    kind = "s3"
+    shared = True
+    durable = True
+
+    def __init__(self, settings: TierSettings, *, io_workers: int = DEFAULT_IO_WORKERS,
+                 client: Any = None, name: str | None = None) -> None:
+        if not settings.bucket:
+            raise ValueError("an s3 tier needs a bucket")
+        self.settings = settings
+        self.bucket = settings.bucket
+        self.prefix = _norm_prefix(settings.prefix)
+        self.data_prefix = self.prefix + DATA_DIR
+        self.quarantine_prefix = self.prefix + QUARANTINE_DIR
+        self.name = name or f"s3://{self.bucket}/{self.prefix}"
+        self.refresh_interval_s = settings.refresh_interval_s
+        self.list_page_keys = LIST_PAGE_KEYS
+        self.index = Index()
+        self.counters = Counters()
+        self._lock = threading.RLock()
+        self._gc_lock = threading.Lock()
+        self._objs: dict[int, _Obj] = {}
+        self._by_name: dict[str, int] = {}
+        self._bad: set[str] = set()  # objects without a valid trailer: never fetched again
+        self._quarantine: set[tuple[str, int]] = set()
+        self._next_id = 1
+        self._gen = 0
+        self._usage = 0
+        self._newest_ms = 0
+        self._listed_ok = False
+        self._last_full = 0.0
+        self._list_failing = False
+        self._tag = _writer_tag()
+        self._closed = threading.Event()
+        self._wake = threading.Event()
+        self._rebuilt = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._session = None
+        if client is None:
+            self._session, client = make_client(settings, io_workers + BACKGROUND_CONNECTIONS)
+        self._client = client
+        self._secrets = self._credential_strings()
+
+    # ------------------------------------------------------------------ open / background
+    def open(self, background: bool = True) -> "S3Tier":
+        """Start the index rebuild (a listing); with background=False, finish it first.
+
+        Never raises for an unreachable server: the tier starts empty and keeps listing.
+        """
+        self._thread = threading.Thread(target=self._run, name="lifeboat-s3-index", daemon=True)
+        if not background:
+            self._refresh(full=True)
+            self._rebuilt.set()
+        self._thread.start()
+        return self
+
+    def wait_rebuilt(self, timeout: float | None = None) -> bool:
+        return self._rebuilt.wait(timeout)
+
+    def _run(self) -> None:
+        if not self._rebuilt.is_set():
+            t0 = time.perf_counter()
+            self._refresh(full=True)
+            self._rebuilt.set()
+            log.info("lifeboat: %s index rebuilt: %d pages in %d objects in %.0f ms", self.name,
+                     len(self.index), len(self._objs), (time.perf_counter() - t0) * 1e3)
+        while not self._closed.is_set():
+            self._wake.wait(self.refresh_interval_s)
+            self._wake.clear()
+            if self._closed.is_set():
+                break
+            full = not self._listed_ok or time.monotonic() - self._last_full >= FULL_RELIST_S
+            self._refresh(full=full)
+            try:
+                self.gc()
+            except Exception:  # never let the index thread die
+                log.exception("lifeboat: eviction on %s failed", self.name)
+
+    def _refresh(self, full: bool) -> None:
+        try:
+            self._full_refresh() if full else self._incremental_refresh()
+        except OSError as e:
+            self.counters.add("list_errors")
+            if not self._list_failing:  # one line per outage, not one per refresh
+                log.warning("lifeboat: listing %s failed (%s); retrying every %.0f s", self.name, e,
+                            self.refresh_interval_s)
+            self._list_failing = True
+            return
+        except Exception:
+            log.exception("lifeboat: index refresh of %s failed", self.name)
+            return
+        if self._list_failing:
+            log.info("lifeboat: listing %s works again", self.name)
+        self._list_failing = False
+
+    def _full_refresh(self) -> None:
+        with self._lock:
+            self._gen += 1
+            gen = self._gen
+        listing = self._list(self.data_prefix)
+        for mark in self._list(self.quarantine_prefix):
+            obj_name, _, off = mark.rpartition("@")
+            if obj_name and off.isdigit():
+                with self._lock:
+                    self._quarantine.add((obj_name, int(off)))
+        with self._lock:
+            gone = [o for o in self._objs.values() if o.name not in listing and o.born < gen]
+        for o in gone:  # evicted by another host
+            self._drop(o)
+        self._index_new(listing)
+        self._listed_ok = True
+        self._last_full = time.monotonic()
+
+    def _incremental_refresh(self) -> None:
+        start = max(0, self._newest_ms - int(LISTING_LOOKBACK_S * 1000))
+        self._index_new(self._list(self.data_prefix, start_after=f"{start:013d}"))
+
+    def _index_new(self, listing: dict[str, int]) -> None:
+        """Fetch the tables of objects not indexed yet, newest first, a chunk at a time.
+
+        Newest first: a returning user's pages are the likeliest hits, and they become servable
+        while older chunks are still being fetched.
+        """
+        with self._lock:
+            new = [(n, s) for n, s in sorted(listing.items(), reverse=True)
+                   if n not in self._by_name and n not in self._bad]
+        for n in listing:
+            parsed = _parse_name(n)
+            if parsed:
+                self._newest_ms = max(self._newest_ms, parsed[0])
+        if len(new) <= 1:
+            for obj_name, size in new:
+                self._index_tables([(obj_name, size)], [self._fetch_table(obj_name, size)])
+            return
+        with ThreadPoolExecutor(min(TABLE_FETCH_WORKERS, len(new)), thread_name_prefix="lifeboat-s3-table") as ex:
+            for i in range(0, len(new), INDEX_CHUNK_OBJECTS):
+                chunk = new[i: i + INDEX_CHUNK_OBJECTS]
+                self._index_tables(chunk, list(ex.map(lambda ns: self._fetch_table(*ns), chunk)))
+                if self._closed.is_set():
+                    return
+
+    def _index_tables(self, objs: list[tuple[str, int]], tables: list[np.ndarray | None]) -> None:
+        """Register objects and index their records with one bulk insert (one index merge)."""
+        keys, units, offs, lens = [], [], [], []
+        for (obj_name, size), table in zip(objs, tables):
+            if table is None:
+                continue
+            with self._lock:
+                if obj_name in self._by_name:  # written by us meanwhile: already indexed
+                    continue
+                obj = self._register(obj_name, size)
+                obj.records, obj.stored_bytes = len(table), int(table["length"].sum())
+                obj.raw_bytes = int(table["raw_length"].sum())
+            if self._quarantine and len(table):
+                keep = np.array([(obj_name, int(o)) not in self._quarantine for o in table["offset"]], dtype=bool)
+                table = table[keep]
+            keys.append(table["key"])
+            units.append(np.full(len(table), obj.id, np.uint32))
+            offs.append(table["offset"])
+            lens.append(table["length"])
+        if keys:  # oldest first: for a key stored twice, the last (newest) copy wins
+            self.index.insert_arrays(np.concatenate(keys[::-1]), np.concatenate(units[::-1]),
+                                     np.concatenate(offs[::-1]), np.concatenate(lens[::-1]), if_absent=True)
+            self.counters.add("listed_records", sum(map(len, keys)))
+
+    def _fetch_table(self, obj_name: str, size: int) -> np.ndarray | None:
+        """The record table of one object (one ranged GET), or None if it has no valid trailer."""
+        parsed = _parse_name(obj_name)
+        tsize = trailer_size(parsed[1]) if parsed else 0
+        table = None
+        if parsed and size >= tsize:
+            try:
+                table = parse_trailer(self._get_range(obj_name, size - tsize, size - 1), size)
+            except S3Error as e:
+                if e.code in STALE_CODES:
+                    return None  # deleted since the listing
+                raise
+        if table is None:
+            with self._lock:
+                self._bad.add(obj_name)
+            self.counters.add("objects_invalid")
+            log.warning("lifeboat: %s: object %s has no valid record table; ignoring it", self.name, obj_name)
+        return table
+
+    def _register(self, obj_name: str, size: int) -> _Obj:
+        """Add an object to the unit table (under the lock); ids only grow."""
+        uid = self._by_name.get(obj_name)
+        if uid is not None:
+            return self._objs[uid]
+        obj = _Obj(self._next_id, obj_name, size, self._gen)
+        self._next_id += 1
+        self._objs[obj.id] = obj
+        self._by_name[obj_name] = obj.id
+        self._usage += size
+        return obj
+
+    def _drop(self, obj: _Obj) -> None:
+        with self._lock:
+            if self._objs.pop(obj.id, None) is None:
+                return
+            self._by_name.pop(obj.name, None)
+            self._usage -= obj.size
+        self.index.drop_unit(obj.id)
+
+    # ------------------------------------------------------------------ S3 requests
+    def _credential_strings(self) -> list[str]:
+        """The resolved credential strings, only to scrub them from error messages."""
+        try:
+            creds = self._session.get_credentials() if self._session is not None else None
+            frozen = creds.get_frozen_credentials() if creds is not None else None
+        except Exception:
+            return []
+        if frozen is None:
+            return []
+        return [s for s in (frozen.access_key, frozen.secret_key, frozen.token) if s and len(s) >= 4]
+
+    def _scrub(self, text: str) -> str:
+        for s in self._secrets:
+            text = text.replace(s, "***")
+        return text
+
+    def _call(self, op: str, **kw: Any) -> Any:
+        self.counters.add(f"{op}_requests")
+        try:
+            return getattr(self._client, op)(**kw)
+        except ClientError as e:
+            err = e.response.get("Error", {})
+            code = str(err.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            raise S3Error(code, self._scrub(f"s3 {op}: {code} {err.get('Message', '')}".strip())) from None
+        except Exception as e:  # transport: timeouts, refused connections, closed streams
+            raise S3Error("", self._scrub(f"s3 {op}: {type(e).__name__}: {e}")) from None
+
+    def _list(self, prefix: str, start_after: str | None = None) -> dict[str, int]:
+        """name (relative to prefix) -> size, for every object under prefix (paginated)."""
+        out: dict[str, int] = {}
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.list_page_keys}
+        if start_after:
+            kw["StartAfter"] = prefix + start_after
+        while True:
+            resp = self._call("list_objects_v2", **kw)
+            for o in resp.get("Contents", ()):
+                out[o["Key"][len(prefix):]] = int(o["Size"])
+            if not resp.get("IsTruncated") or not resp.get("NextContinuationToken"):
+                return out
+            kw["ContinuationToken"] = resp["NextContinuationToken"]
+
+    def _get_range(self, obj_name: str, first: int, last: int) -> bytes:
+        key = self.data_prefix + obj_name
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={first}-{last}")
+            data = resp["Body"].read()
+        except ClientError as e:
+            err = e.response.get("Error", {})
+            code = str(err.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            raise S3Error(code, self._scrub(f"s3 get {obj_name}: {code} {err.get('Message', '')}")) from None
+        except Exception as e:
+            raise S3Error("", self._scrub(f"s3 get {obj_name}: {type(e).__name__}: {e}")) from None
+        finally:
+            self.counters.add("get_object_requests")
+        self.counters.add("bytes_read", len(data))
+        return data
+
+    # ------------------------------------------------------------------ Tier API
+    def contains(self, ikeys: np.ndarray) -> np.ndarray:
+        return self.index.contains(ikeys)
+
+    def locate(self, ikey: int) -> Ref | None:
+        loc = self.index.get(ikey)
+        return None if loc is None else Ref(0, loc)
+
+    def write(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int, affinity: int = 0) -> Ref:
+        return self.write_many([(ikey, digest, bufs, length)], affinity)[0]
+
+    def write_many(self, records: Sequence[tuple[int, bytes, Sequence[object], int]],
+                   affinity: int = 0) -> list[Ref]:
+        """Store the records as one object (one PUT), then index them."""
+        if not records:
+            return []
+        parts: list[object] = []
+        entries: list[tuple[bytes, int, int, int]] = []
+        end = 0
+        for _, digest, bufs, length in records:
+            entries.append((digest, end, length, raw_length(bufs[0])))
+            parts.extend(bufs)
+            end += length
+        body = b"".join([*parts, build_trailer(end, entries)])  # type: ignore[list-item]
+        obj_name = (f"{int(time.time() * 1000):013d}-{self._tag}-{_TOKEN}{next(_SEQ):06d}-"
+                    f"{len(records)}{OBJECT_SUFFIX}")
+        self._call("put_object", Bucket=self.bucket, Key=self.data_prefix + obj_name, Body=body)
+        self.counters.add("bytes_written", len(body))
+        with self._lock:
+            obj = self._register(obj_name, len(body))
+            obj.records, obj.stored_bytes, obj.raw_bytes = len(entries), end, sum(e[3] for e in entries)
+            over = self.settings.capacity_bytes is not None and self._usage > self.settings.capacity_bytes
+        refs = []
+        for (ikey, _, _, _), (_, off, length, _) in zip(records, entries):
+            loc = Loc(obj.id, off, length)
+            self.index.insert(ikey, loc)
+            refs.append(Ref(0, loc))
+        if over:
+            self._wake.set()  # evict in the background, never on the write path
+        return refs
+
+    def read_into(self, ref: Ref, bufs: Sequence[memoryview]) -> bool:
+        with self._lock:
+            obj = self._objs.get(ref.loc.unit)
+        if obj is None:
+            return False
+        try:
+            data = self._get_range(obj.name, ref.loc.offset, ref.loc.offset + ref.loc.length - 1)
+        except S3Error as e:
+            if e.code not in STALE_CODES:
+                raise
+            self.counters.add("stale_reads")
+            self._drop(obj)  # deleted by another host's eviction (or a server that lost its data)
+            return False
+        if len(data) != ref.loc.length:
+            return False
+        src = memoryview(data)
+        pos = 0
+        for b in bufs:
+            b = b.cast("B") if b.format != "B" else b
+            b[:] = src[pos: pos + b.nbytes]
+            pos += b.nbytes
+        return True
+
+    def forget(self, ikey: int, ref: Ref, reason: str) -> None:
+        self.index.remove_if_match(ikey, ref.loc)
+        with self._lock:
+            obj = self._objs.get(ref.loc.unit)
+        if obj is None:
+            return
+        with self._lock:
+            self._quarantine.add((obj.name, ref.loc.offset))
+        mark = json.dumps({"length": ref.loc.length, "reason": reason, "time": time.time()}).encode()
+        try:
+            self._call("put_object", Bucket=self.bucket, Key=f"{self.quarantine_prefix}{obj.name}@{ref.loc.offset}",
+                       Body=mark)
+        except OSError as e:
+            log.warning("lifeboat: cannot record quarantine on %s: %s", self.name, e)
+
+    def records(self) -> Iterator[tuple[int, Ref]]:
+        for k, loc in self.index.items():
+            yield k, Ref(0, loc)
+
+    def loc_name(self, ref: Ref) -> str:
+        with self._lock:
+            obj = self._objs.get(ref.loc.unit)
+        return f"{obj.name if obj else '?'}@{ref.loc.offset}"
+
+    # ------------------------------------------------------------------ capacity
+    def usage_bytes(self) -> int:
+        with self._lock:
+            return self._usage
+
+    def capacity_bytes(self) -> int | None:
+        return self.settings.capacity_bytes
+
+    def gc(self) -> int:
+        """Delete whole oldest objects until usage <= capacity. Returns bytes freed."""
+        cap = self.settings.capacity_bytes
+        if cap is None or not self._gc_lock.acquire(blocking=False):
+            return 0
+        try:
+            with self._lock:
+                excess = self._usage - cap
+                victims: list[_Obj] = []
+                for o in sorted(self._objs.values(), key=lambda o: o.name):
+                    if excess <= 0:
+                        break
+                    victims.append(o)
+                    excess -= o.size
+            freed = 0
+            for i in range(0, len(victims), DELETE_BATCH_KEYS):
+                batch = victims[i: i + DELETE_BATCH_KEYS]
+                keys = [self.data_prefix + o.name for o in batch]
+                resp = self._call("delete_objects", Bucket=self.bucket,
+                                  Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True})
+                failed = {e.get("Key") for e in resp.get("Errors", ())}
+                for o, k in zip(batch, keys):
+                    if k not in failed:
+                        self._drop(o)
+                        freed += o.size
+                        self.counters.add("evicted_objects")
+                        self.counters.add("evicted_bytes", o.size)
+            self._forget_marks({o.name for o in victims})
+            return freed
+        except OSError as e:
+            log.warning("lifeboat: eviction on %s failed: %s", self.name, e)
+            return 0
+        finally:
+            self._gc_lock.release()
+
+    def _forget_marks(self, gone: set[str]) -> None:
+        """Delete the quarantine marks of evicted objects (best effort: they are only hints)."""
+        with self._lock:
+            marks = [(n, off) for n, off in self._quarantine if n in gone]
+            self._quarantine.difference_update(marks)
+        if not marks:
+            return
+        try:
+            self._call("delete_objects", Bucket=self.bucket, Delete={
+                "Objects": [{"Key": f"{self.quarantine_prefix}{n}@{off}"} for n, off in marks[:DELETE_BATCH_KEYS]],
+                "Quiet": True})
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ housekeeping
+    def describe(self) -> list[dict[str, int | str | bool]]:
+        """Per object: records, stored and raw bytes (for `lifeboat stats`), oldest first."""
+        with self._lock:
+            objs = sorted(self._objs.values(), key=lambda o: o.name)
+        return [{"segment": o.name, "bytes": o.size, "sealed": True, "records": o.records,
+                 "stored_bytes": o.stored_bytes, "raw_bytes": o.raw_bytes} for o in objs]
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        with self._lock:
+            out.update(objects=len(self._objs), invalid_objects=len(self._bad))
+        out.update(pages=len(self.index), rebuilt=self._rebuilt.is_set(), listed_ok=self._listed_ok)
+        out.update(self.counters.snapshot())
+        return out
+
+    def close(self) -> None:
+        self._closed.set()
+        self._wake.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=10)
+        close = getattr(self._client, "close", None)
+        if close is not None:
+            close()
