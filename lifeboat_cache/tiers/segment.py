@@ -18,6 +18,7 @@ import errno
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import struct
@@ -46,6 +47,7 @@ SNAPSHOT_NAME = "index.snapshot.npz"
 SNAPSHOT_VERSION = 1
 QUARANTINE_NAME = "quarantine.jsonl"
 AUTO_CAPACITY_MAX_BYTES = 64 << 30
+ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long, is sealed by the next open
 
 
 @dataclass
@@ -144,8 +146,13 @@ def _writer_tag() -> str:
     return f"{host}-{os.getpid()}"
 
 
+def _process_token() -> str:
+    """Random per-process part of segment names: containers may share a hostname and a pid."""
+    return secrets.token_hex(3)
+
+
 def _parse_name(name: str) -> tuple[str, int] | None:
-    """'<ms>-<host>-<pid>-<n>.seg' -> (host, pid)."""
+    """'<ms>-<host>-<pid>-<token><n>.seg' -> (host, pid)."""
     if not name.endswith(SEGMENT_SUFFIX):
         return None
     parts = name[: -len(SEGMENT_SUFFIX)].split("-")
@@ -200,6 +207,7 @@ class SegmentDir:
         self._stripe_next = 0
         self._seq = 0
         self._tag = _writer_tag()
+        self._token = _process_token()
         self._quarantine: set[tuple[str, int]] = set()
         self._closed = threading.Event()
         self._rebuilt = threading.Event()
@@ -325,6 +333,11 @@ class SegmentDir:
         except ProcessLookupError:
             pass
         except PermissionError:
+            return
+        try:  # pids are per namespace: only a segment idle for a while is surely abandoned
+            if time.time() - unit.path.stat().st_mtime < ORPHAN_IDLE_S:
+                return
+        except OSError:
             return
         self._scan(unit)
         if unit.sealed:
@@ -510,7 +523,7 @@ class SegmentDir:
             w = None
         if w is None:
             self._seq += 1
-            name = f"{int(time.time() * 1000):013d}-{self._tag}-{self._seq:06d}{SEGMENT_SUFFIX}"
+            name = f"{int(time.time() * 1000):013d}-{self._tag}-{self._token}{self._seq:06d}{SEGMENT_SUFFIX}"
             fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             unit = self._add_unit(name, own=True)
             w = self._writers[stripe] = _Writer(unit, fd, time.monotonic())
