@@ -71,8 +71,27 @@ _lb_main() {
     esac
     unset PYTHONHOME
 
-    # --- 4. OpenBLAS for MLX on Linux CPU --------------------------------------------------------
+    # --- 4. system packages: OpenBLAS for MLX on Linux CPU; g++ + OpenSSL headers for SGLang's hash JIT
+    _lb_apt "g++" "$(command -v g++ || true)"
+    _lb_apt "libssl-dev" "$( [[ -e /usr/include/openssl/sha.h ]] && echo yes)"
     _lb_blas
+}
+
+# apt-get install PACKAGE unless PRESENT is non-empty; best effort (logs and continues).
+_lb_apt() {
+    local pkg="$1" present="$2"
+    [[ -n "$present" || "$(uname -s)" != "Linux" ]] && return 0
+    if ! command -v apt-get >/dev/null 2>&1 || [[ "$(id -u)" != "0" ]]; then
+        _lb_log "WARNING: $pkg is missing and cannot be installed here (need apt-get as root)"
+        return 0
+    fi
+    _lb_log "installing $pkg (apt-get)"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -q --no-install-recommends "$pkg" >/dev/null 2>&1; then
+        apt-get update -q >/dev/null 2>&1 || true
+        apt-get install -y -q --no-install-recommends "$pkg" >/dev/null 2>&1 ||
+            _lb_log "WARNING: apt-get install $pkg failed; continuing without it"
+    fi
 }
 
 # pip with the noise of this machine's pip config filtered out: the mirror's "Location ... is

@@ -1,0 +1,447 @@
+"""LifeboatHiCacheStorage: LifeboatCache as SGLang's HiCache L3 storage backend (SGLang 0.5.23).
+
+Stock SGLang loads it through its `dynamic` storage backend:
+
+    --enable-hierarchical-cache --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "lifeboat",
+        "module_path": "lifeboat_cache.integrations.sglang_backend",
+        "class_name": "LifeboatHiCacheStorage", "interface_v1": 1}'
+
+The shim is thin: it turns host-pool pages into numpy views and SGLang page keys into namespaced
+keys, and calls the `ChunkStore`, whose io workers encode, write, read, verify and decode a 128-page
+call in parallel. A page is stored as exactly the bytes of SGLang's flat page
+(`get_data_page(idx, flat=True)`), so the zero-copy (v1) and copying (`batch_set` / `batch_get`)
+interfaces read each other's pages. Zero-copy pages are lists of views of the pool: one or two
+blocks for `page_first*`, 2*L (MHA) or L (MLA) blocks for `layer_first`; the store writes them with
+one `pwritev` when raw, and gathers them into one buffer on its io worker when it compresses.
+Pools whose pages are not views of their own buffers go through SGLang's copying accessors.
+
+Nothing here raises into SGLang after construction: an unexpected error is a miss (or a dropped
+write), logged at most once per `failure_cooldown_max_s`; storage errors are handled (and cooled
+down) by the store. Invalid settings do raise at construction: SGLang then rolls the attach back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
+
+from ..config import ConfigError, load_settings
+from ..keys import namespace_fingerprint
+from ..runtimes.cuda import parse_zero_copy
+from ..store import ChunkStore
+
+log = logging.getLogger(__name__)
+
+# Keys of the extra-config object that belong to SGLang (or to other backends), not to lifeboat.yaml.
+SGLANG_KEYS = frozenset({
+    "backend_name", "module_path", "class_name", "interface_v1", "allocator", "prefetch_threshold",
+    "prefetch_timeout_base", "prefetch_timeout_per_ki_token", "hicache_storage_pass_prefix_keys",
+    "tp_lcm_size", "file_storage_path",
+})
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_METRIC_SAMPLES = 4096  # per-call samples kept for get_stats() between two scrapes
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A numpy view (no copy) of a CPU tensor, as integers of the element's width.
+
+    numpy has no bfloat16; the integer width keeps the codec's byte planes right (2-byte planes
+    for bf16/fp16) and is the same for both interfaces, so both write identical records.
+    """
+    return t.view(_INT_OF_WIDTH[t.element_size()]).numpy()
+
+
+def _blocks(a: np.ndarray) -> list[np.ndarray]:
+    """The C-contiguous blocks of a strided view, in flat (row-major) order, as views."""
+    if a.flags.c_contiguous:
+        return [a]
+    if a.ndim <= 1:
+        raise ValueError("a page view with a strided last axis cannot be split into blocks")
+    return [b for sub in a for b in _blocks(sub)]
+
+
+def _page_tensors(pool: Any, start: int) -> list[torch.Tensor]:
+    """The tensors making one page, in the order of SGLang's flat page."""
+    if hasattr(pool, "_iter_page_tensors") and pool.layout in ("page_first", "page_first_direct"):
+        return list(pool._iter_page_tensors(start))  # MambaPoolHost: its get_data_page concatenates
+    return [pool.get_data_page(start, flat=False)]
+
+
+def _flat_page_bytes(pool: Any) -> int:
+    page = pool.get_dummy_flat_data_page()
+    return page.numel() * page.element_size()
+
+
+def _pages_are_views(pool: Any) -> bool:
+    """True when a page's tensors are views of the pool's own buffers (safe to decode into)."""
+    try:
+        owned = pool.get_hybrid_pool_buffer() if hasattr(pool, "get_hybrid_pool_buffer") else pool.kv_buffer
+        owned = owned if isinstance(owned, (list, tuple)) else [owned]
+        storages = {t.untyped_storage().data_ptr() for t in owned}
+        tensors = _page_tensors(pool, 0)
+        blocks = [b for t in tensors for b in _blocks(_np(t))]
+        return (all(t.untyped_storage().data_ptr() in storages for t in tensors)
+                and sum(b.nbytes for b in blocks) == _flat_page_bytes(pool))
+    except Exception as e:  # an unknown pool or layout: SGLang's copying accessors still work
+        log.info("lifeboat: %s pages are not plain views (%s); using SGLang's page copies",
+                 type(pool).__name__, e)
+        return False
+
+
+class _Pool:
+    """One registered host pool: its namespace and how its pages become buffers."""
+
+    def __init__(self, name: str, host: Any, ns: bytes, replicated: bool, zero_copy: bool) -> None:
+        self.name, self.host, self.ns, self.replicated = name, host, ns, replicated
+        # slots per page in host_indices (SGLang's logical page; the physical one differs only under DCP)
+        self.page_size = int(getattr(host, "logical_page_size", None) or getattr(host, "page_size", 1) or 1)
+        self.page_bytes = _flat_page_bytes(host)
+        self.zero_copy = zero_copy and _pages_are_views(host)
+
+    def starts(self, host_indices: Optional[torch.Tensor], n: int) -> Optional[list[int]]:
+        """First host slot of each page (host_indices are token slots), or None on a mismatch."""
+        if host_indices is None or host_indices.numel() != n * self.page_size:
+            return None
+        return host_indices[:: self.page_size].tolist()
+
+    def views(self, start: int) -> list[np.ndarray]:
+        return [b for t in _page_tensors(self.host, start) for b in _blocks(_np(t))]
+
+    def write(self, store: ChunkStore, keys: Sequence[str], starts: list[int],
+              affinity: Optional[int]) -> list[bool]:
+        if self.zero_copy:
+            bufs: list[object] = [self.views(s) for s in starts]
+        else:
+            bufs = [_np(self.host.get_data_page(s, flat=True)) for s in starts]
+        return store.put(self.ns, keys, bufs, affinity=affinity)
+
+    def read(self, store: ChunkStore, keys: Sequence[str], starts: list[int]) -> list[bool]:
+        if self.zero_copy:
+            return store.get_into(self.ns, keys, [self.views(s) for s in starts])
+        flats = [self.host.get_dummy_flat_data_page() for _ in starts]
+        ok = store.get_into(self.ns, keys, [_np(f) for f in flats])
+        for start, flat, good in zip(starts, flats, ok):
+            if good:
+                self.host.set_from_flat_data_page(start, flat)
+        return ok
+
+
+def _guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Never raise into SGLang: an unexpected error returns `fallback(*args)` (misses)."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(self: "LifeboatHiCacheStorage", *args: Any, **kwargs: Any) -> Any:
+            try:
+                if self._closed:
+                    return fallback(*args, **kwargs)
+                return fn(self, *args, **kwargs)
+            except Exception as e:
+                self._failed(fn.__name__, e)
+                return fallback(*args, **kwargs)
+        return wrapper
+    return deco
+
+
+def _leading(hits: Sequence[bool]) -> int:
+    return hits.index(False) if False in hits else len(hits)
+
+
+def _no_pages(keys: Sequence[str], *_: Any, **__: Any) -> list[bool]:
+    return [False] * len(keys)
+
+
+def _no_transfers(transfers: Sequence[PoolTransfer], *_: Any, **__: Any) -> dict[str, list[bool]]:
+    return {t.name: [False] * len(t.keys or ()) for t in transfers}
+
+
+class LifeboatHiCacheStorage(HiCacheStorage):
+    """SGLang HiCache L3 backend over a LifeboatCache ChunkStore (see the module docstring)."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
+        self._closed = True  # until the store is open
+        self.config = storage_config
+        extra = storage_config.extra_config if storage_config.extra_config is not None else {}
+        ours = {k: v for k, v in extra.items() if k not in SGLANG_KEYS}
+        affinity_chunks = ours.pop("affinity_chunks", None)
+        settings = load_settings(overrides=ours)
+        self.affinity_chunks = self._affinity_chunks(affinity_chunks, settings.storage[0].affinity_chunks)
+        self.trace = settings.engine.trace  # one line per SGLang call, so the store's own trace is off
+        self.model_id = settings.model_id or storage_config.model_name or ""
+        self.key_namespace = settings.key_namespace
+        self._quiet_s = settings.engine.failure_cooldown_max_s
+        self._quiet_until = 0.0
+        self.zero_copy = parse_zero_copy(os.environ)  # same rule as the launch check; bad value: ConfigError
+        if storage_config.extra_config is not None:  # SGLang reads it after construction to pick v1
+            storage_config.extra_config["interface_v1"] = int(
+                self.zero_copy and bool(storage_config.extra_config.get("interface_v1", 1)))
+        if not self.model_id:
+            log.warning("lifeboat: no model_id and no SGLang model name; pages are keyed by geometry only")
+        self.pools: dict[str, _Pool] = {}
+        self._metrics_lock = threading.Lock()
+        self._metrics: dict[str, deque] = {k: deque(maxlen=_METRIC_SAMPLES) for k in
+                                           ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")}
+        self.store = ChunkStore.open(dataclasses.replace(
+            settings, engine=dataclasses.replace(settings.engine, trace=False)))
+        self._closed = False
+        log.info("lifeboat: HiCache L3 backend (tp %d/%d, pp %d/%d, %s, %s) on %s",
+                 storage_config.tp_rank, storage_config.tp_size, storage_config.pp_rank,
+                 storage_config.pp_size, "MLA" if storage_config.is_mla_model else "MHA",
+                 "zero-copy" if self.zero_copy else "copying interface", settings.source)
+
+    @staticmethod
+    def _affinity_chunks(value: Any, default: int) -> int:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"extra-config affinity_chunks: expected an integer >= 1, got {value!r}")
+        return value
+
+    # ------------------------------------------------------------------ registration
+    # Guarded too: a pool the backend cannot handle stays unregistered, and its calls are misses.
+    @_guarded(lambda *a, **k: None)
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        self._add_pool(str(PoolName.KV), mem_pool_host)
+
+    @_guarded(lambda *a, **k: None)
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        self._add_pool(str(host_pool_name), host_pool)
+
+    @_guarded(lambda *a, **k: None)
+    def on_host_pools_registered(self) -> None:
+        for p in self.pools.values():
+            log.info("lifeboat: pool %s: %s %s, %d tokens/page, %d bytes/page, %s, keys %s",
+                     p.name, type(p.host).__name__, p.host.layout, p.page_size, p.page_bytes,
+                     "zero-copy" if p.zero_copy else "copied pages",
+                     "shared by all TP ranks (rank 0 writes)" if p.replicated else f"of TP rank {self.config.tp_rank}")
+
+    finalize_mem_pool_registration = on_host_pools_registered  # the name on SGLang's main branch
+
+    def _add_pool(self, name: str, host: Any) -> None:
+        cfg = self.config
+        replicated = cfg.is_mla_model and name != str(PoolName.MAMBA)  # Mamba state is TP-sharded
+        parts: dict[str, Any] = dict(
+            model=self.model_id, key_namespace=self.key_namespace, pool=name, pool_class=type(host).__name__,
+            dtype=str(host.dtype), layout=host.layout, page_size=int(getattr(host, "page_size", 1) or 1),
+            page_bytes=_flat_page_bytes(host))
+        if not replicated:
+            parts.update(tp_rank=cfg.tp_rank, tp_size=cfg.tp_size)
+        if cfg.pp_size > 1:
+            parts.update(pp_rank=cfg.pp_rank, pp_size=cfg.pp_size)
+        if cfg.attn_cp_size > 1:
+            parts.update(cp_rank=cfg.attn_cp_rank, cp_size=cfg.attn_cp_size)
+        if getattr(cfg, "dcp_size", 1) > 1:
+            parts.update(dcp_rank=cfg.dcp_rank, dcp_size=cfg.dcp_size, logical_page_size=cfg.logical_page_size)
+        self.pools[name] = _Pool(name, host, namespace_fingerprint(**parts), replicated, self.zero_copy)
+
+    def _pool(self, name: Any) -> _Pool:
+        pool = self.pools.get(str(name))
+        if pool is None:
+            raise LookupError(f"host pool {str(name)!r} is not registered (registered: {sorted(self.pools)})")
+        return pool
+
+    # ------------------------------------------------------------------ KV pages (v1 and copying)
+    @_guarded(lambda keys, *a, **k: 0)
+    def batch_exists(self, keys: list[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        t0 = time.perf_counter()
+        n = self.store.exists(self._pool(PoolName.KV).ns, keys)
+        self._trace("batch_exists", t0, len(keys), n)
+        return n
+
+    @_guarded(lambda key, *a, **k: False)
+    def exists(self, key: str) -> bool:
+        return self.store.contains(self._pool(PoolName.KV).ns, [key])[0]
+
+    @_guarded(_no_pages)
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> list[bool]:
+        return self._write(self._pool(PoolName.KV), keys, host_indices, extra_info, "batch_set_v1")
+
+    @_guarded(_no_pages)
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> list[bool]:
+        return self._read(self._pool(PoolName.KV), keys, host_indices, "batch_get_v1")
+
+    @_guarded(lambda keys, *a, **k: False)
+    def batch_set(self, keys: list[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> bool:
+        """Copying interface: `values` are SGLang's flat page copies (get_data_page(idx))."""
+        if values is None or len(values) != len(keys):
+            return False
+        t0 = time.perf_counter()
+        pool = self._pool(PoolName.KV)
+        ok = self.store.put(pool.ns, keys, [_np(v.contiguous()) for v in values])
+        self._record("backup", t0, sum(ok), pool.page_bytes)
+        self._trace("batch_set", t0, len(keys), sum(ok))
+        return all(ok)
+
+    @_guarded(lambda keys, *a, **k: [None] * len(keys))
+    def batch_get(self, keys: list[str], target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> list[Optional[torch.Tensor]]:
+        """Copying interface: decode into SGLang's flat dummy pages; None per miss."""
+        if target_locations is None or len(target_locations) != len(keys):
+            return [None] * len(keys)
+        t0 = time.perf_counter()
+        pool = self._pool(PoolName.KV)
+        ok = self.store.get_into(pool.ns, keys, [_np(t) for t in target_locations])
+        self._record("prefetch", t0, _leading(ok), pool.page_bytes)
+        self._trace("batch_get", t0, len(keys), sum(ok))
+        return [t if good else None for t, good in zip(target_locations, ok)]
+
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        return self.batch_set([key], None if value is None else [value])
+
+    def get(self, key: str, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> Optional[torch.Tensor]:
+        return self.batch_get([key], None if target_location is None else [target_location])[0]
+
+    # ------------------------------------------------------------------ hybrid-model pools (v2)
+    @_guarded(lambda keys, *a, **k: PoolTransferResult.empty())
+    def batch_exists_v2(self, keys: list[str], pool_transfers: Optional[list[PoolTransfer]] = None,
+                        extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
+        """Longest KV prefix for which every pool it needs is present (all-or-nothing)."""
+        t0 = time.perf_counter()
+        kv = _leading(self.store.contains(self._pool(PoolName.KV).ns, keys))
+        hits: dict[Any, int] = {PoolName.KV: kv} if kv else {}
+        ok = np.arange(kv + 1) >= 1  # ok[p]: a prefix of p pages is restorable
+        for t in pool_transfers or []:
+            pool_ok = self._restorable(t, keys[:kv])
+            if pool_ok.any():
+                hits[t.name] = int(np.flatnonzero(pool_ok)[-1])
+            ok &= pool_ok
+        restorable = np.flatnonzero(ok).tolist()
+        final = restorable[-1] if restorable else 0
+        self._trace("batch_exists_v2", t0, len(keys), final)
+        return PoolTransferResult(final, hits, restorable)
+
+    def _restorable(self, t: PoolTransfer, keys: list[str]) -> np.ndarray:
+        """Per prefix length 0..len(keys): whether pool t has what restoring that prefix needs."""
+        pool = self.pools.get(str(t.name))
+        if pool is None or t.hit_policy not in (PoolHitPolicy.ALL_PAGES, PoolHitPolicy.TRAILING_PAGES):
+            return np.zeros(len(keys) + 1, dtype=bool)  # unknown pool or policy: nothing is restorable
+        missing = np.concatenate([[0], np.cumsum(~np.array(self.store.contains(pool.ns, keys), dtype=bool))])
+        p = np.arange(len(keys) + 1)
+        window = p if t.hit_policy == PoolHitPolicy.ALL_PAGES else np.minimum(p, max(1, len(t.keys or ())))
+        return (missing[p] - missing[p - window] == 0) & (p >= 1)
+
+    @_guarded(_no_transfers)
+    def batch_set_v2(self, transfers: list[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, list[bool]]:
+        return {t.name: self._write(self._pool(t.name), t.keys or [], t.host_indices, extra_info,
+                                    f"batch_set_v2[{t.name}]") for t in transfers}
+
+    @_guarded(_no_transfers)
+    def batch_get_v2(self, transfers: list[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, list[bool]]:
+        return {t.name: self._read(self._pool(t.name), t.keys or [], t.host_indices,
+                                   f"batch_get_v2[{t.name}]") for t in transfers}
+
+    # ------------------------------------------------------------------ shared I/O paths
+    def _write(self, pool: _Pool, keys: Sequence[str], host_indices: Optional[torch.Tensor],
+               extra_info: Optional[HiCacheStorageExtraInfo], what: str) -> list[bool]:
+        t0 = time.perf_counter()
+        starts = pool.starts(host_indices, len(keys))
+        if starts is None:
+            log.warning("lifeboat: %s: %d keys but host_indices do not hold %d pages of %d slots",
+                        what, len(keys), len(keys), pool.page_size)
+            return [False] * len(keys)
+        if pool.replicated and not self.config.is_storage_writer:
+            return [True] * len(keys)  # replicated pages are written once, by the writer rank
+        ok = pool.write(self.store, keys, starts, self._affinity(keys, extra_info))
+        self._record("backup", t0, sum(ok), pool.page_bytes)
+        self._trace(what, t0, len(keys), sum(ok))
+        return ok
+
+    def _read(self, pool: _Pool, keys: Sequence[str], host_indices: Optional[torch.Tensor],
+              what: str) -> list[bool]:
+        t0 = time.perf_counter()
+        starts = pool.starts(host_indices, len(keys))
+        if starts is None:
+            log.warning("lifeboat: %s: %d keys but host_indices do not hold %d pages of %d slots",
+                        what, len(keys), len(keys), pool.page_size)
+            return [False] * len(keys)
+        ok = pool.read(self.store, keys, starts)
+        self._record("prefetch", t0, _leading(ok), pool.page_bytes)
+        self._trace(what, t0, len(keys), sum(ok))
+        return ok
+
+    def _affinity(self, keys: Sequence[str], extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[int]:
+        """Dialog mark: the first `affinity_chunks` keys of prefix_keys + keys (when SGLang passes them)."""
+        prefix = getattr(extra_info, "prefix_keys", None)
+        if prefix is None:
+            return None
+        n = self.affinity_chunks
+        mark = list(prefix[:n]) + list(keys[: max(0, n - len(prefix))])
+        return int.from_bytes(hashlib.blake2b("/".join(mark).encode(), digest_size=8).digest(), "little")
+
+    # ------------------------------------------------------------------ observability, lifecycle
+    def _trace(self, what: str, t0: float, n: int, hits: int) -> None:
+        if self.trace:
+            log.info("lifeboat trace: %s %d keys -> %d in %.2f ms", what, n, hits, (time.perf_counter() - t0) * 1e3)
+
+    def _record(self, kind: str, t0: float, pages: int, page_bytes: int) -> None:
+        dt = time.perf_counter() - t0
+        with self._metrics_lock:
+            self._metrics[f"{kind}_pgs"].append(pages)
+            self._metrics[f"{kind}_bandwidth"].append(pages * page_bytes / dt / 1e9 if dt > 0 else 0.0)
+
+    def _failed(self, what: str, err: Exception) -> None:
+        self.store.counters.add("sglang_call_errors")
+        now = time.monotonic()
+        if now >= self._quiet_until:
+            self._quiet_until = now + self._quiet_s
+            log.warning("lifeboat: %s failed (%s: %s); it returns misses. Next report in %.0f s at the earliest",
+                        what, type(err).__name__, err, self._quiet_s, exc_info=True)
+
+    def get_stats(self) -> Any:
+        """SGLang's StorageMetrics: pages and GB/s per call since the last scrape."""
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics
+
+            with self._metrics_lock:
+                out = StorageMetrics(**{k: list(v) for k, v in self._metrics.items()})
+                for v in self._metrics.values():
+                    v.clear()
+            return out
+        except Exception as e:
+            self._failed("get_stats", e)
+            return None
+
+    def clear(self) -> None:
+        """Not supported: the store may be shared by other ranks, servers and hosts."""
+        log.warning("lifeboat: clear is not supported (the store may be shared); "
+                    "use `lifeboat gc` or remove the storage directory while no server uses it")
+
+    def close(self) -> None:
+        """Flush and close the store; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.store.flush()
+            self.store.close()
+        except Exception as e:
+            log.warning("lifeboat: close failed: %s", e)
