@@ -46,6 +46,7 @@ class GenerationResult:
     decode_s: float         # all decode steps
     release_s: float        # end-of-request work on the scheduler thread (sync + tree insert + capture)
     aborted: str | None = None
+    aux_restores: int = 0   # hybrid: prefills that started from a restored recurrent state (runner's view)
 
 
 def _preresolve_mlx_gate() -> None:
@@ -68,7 +69,7 @@ class MlxServing:
     """One model, one tree cache, requests served sequentially (see module doc)."""
 
     def __init__(self, model_dir: str | os.PathLike[str], *, lifeboat: bool = True, pool_size: int = 8192,
-                 max_running_requests: int = 4, context_len: int | None = None) -> None:
+                 max_running_requests: int = 4, context_len: int | None = None, warmup: bool = False) -> None:
         import torch
 
         _preresolve_mlx_gate()
@@ -89,14 +90,14 @@ class MlxServing:
         from sglang.srt.mem_cache.kv_cache_builder import uses_ssm_state
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
         from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_tree_cache
-        from sglang.srt.runtime_context import get_memory, publish, reset_context
+        from sglang.srt.runtime_context import SpawnRanks, get_memory, publish, reset_context
         from sglang.srt.server_args import ServerArgs
 
         self.model_dir = str(model_dir)
         reset_context()
         self.server_args = ServerArgs(model_path=self.model_dir, device="cpu", page_size=1,
                                       disable_overlap_schedule=True)
-        publish(self.server_args, role="scheduler")
+        publish(self.server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=None))
         self.backend = get_memory().radix_cache_backend
         self.model_config = ModelConfig.from_server_args(self.server_args)
         ctx_len = context_len or min(int(self.model_config.context_len), pool_size)
@@ -129,6 +130,29 @@ class MlxServing:
         self.cache = create_tree_cache(ctx)
         self._scheduler = self._scheduler_shell()
         self._n = 0
+        self._arrived: dict[str, Any] = {}
+        self.refusals: list[tuple[str, str | None]] = []
+        self.aux_restores = 0
+        if self.hybrid:
+            self._observe_aux_restores()
+        if warmup:
+            self.warmup()
+
+    def warmup(self) -> None:
+        """A short request, as SGLang's launcher sends after startup: the KV pool and MLX's first-call
+        work exist before real traffic (shorter than a chunk, so nothing is stored)."""
+        self.generate(list(range(10, 26)), max_new_tokens=2, rid=f"warmup-{os.getpid()}")
+
+    def _observe_aux_restores(self) -> None:
+        """Count prefills whose auxiliary state the runner restored (vs. its full-prompt fallback)."""
+        original = self.runner._restore_auxiliary_state
+
+        def observed(req_pool_idx: int, cache: Any) -> bool:
+            ok = original(req_pool_idx, cache)
+            self.aux_restores += int(bool(ok))
+            return ok
+
+        self.runner._restore_auxiliary_state = observed
 
     def _scheduler_shell(self) -> Any:
         """A ``Scheduler`` instance carrying only what ``_prefetch_kvcache`` reads (no launch)."""
@@ -138,7 +162,19 @@ class MlxServing:
         shell.tree_cache = self.cache
         shell.enable_hicache_storage = False
         shell.enable_lmcache = False
+        shell.max_queued_requests = None
+        # the one transport call: with no tokenizer process to send to, record the abort instead
+        shell.send_abort_output = lambda abort_req, req: self.refusals.append(
+            (abort_req.rid, (abort_req.finished_reason or {}).get("message")))
         return shell
+
+    def _admit(self, req: Any) -> str | None:
+        """``Scheduler._add_request_to_queue`` for one request: queue-limit check, then arrival read."""
+        if self._scheduler._abort_on_queued_limit(req):
+            self._scheduler._release_aborted_request(req)
+            return next((m for rid, m in reversed(self.refusals) if rid == req.rid), "aborted")
+        self._scheduler._prefetch_kvcache(req)
+        return None
 
     @property
     def engine(self) -> Any:
@@ -166,11 +202,10 @@ class MlxServing:
         req = Req(rid, "", array("q", [int(t) for t in input_ids]), sp, extra_key=extra_key,
                   cache_salt=cache_salt)
         t_arrival = time.perf_counter()
-        self._scheduler._prefetch_kvcache(req)  # what _add_request_to_queue does on arrival
-        if req.finished():
-            return GenerationResult(rid, [], len(input_ids), 0, 0.0, 0.0, 0.0,
-                                    aborted=str(req.finished_reason.message if hasattr(
-                                        req.finished_reason, "message") else req.finished_reason))
+        restores_before = self.aux_restores
+        refused = self._admit(req)
+        if refused is not None:
+            return GenerationResult(rid, [], len(input_ids), 0, 0.0, 0.0, 0.0, aborted=refused)
         req.init_next_round_input(self.cache)
         req.extend_end = len(req.full_untruncated_fill_ids)
         req.lock = self.cache.lock(req.last_node)
@@ -205,18 +240,27 @@ class MlxServing:
         release_s = time.perf_counter() - t_rel
         self.runner.remove_request(rid)
         return GenerationResult(rid, [int(t) for t in req.output_ids], len(input_ids), cached, ttft,
-                                decode_s, release_s)
+                                decode_s, release_s, aux_restores=self.aux_restores - restores_before)
 
-    def arrive(self, input_ids: Sequence[int], rid: str) -> Any:
-        """Only the arrival step of a request (for the hybrid concurrency guard); returns the Req."""
+    def arrive(self, input_ids: Sequence[int], rid: str) -> str | None:
+        """Only the arrival step of a request (queued, not run); returns the refusal message or None."""
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         sp = SamplingParams(max_new_tokens=1, temperature=0.0)
         sp.normalize(None)
         req = Req(rid, "", array("q", [int(t) for t in input_ids]), sp)
-        self._scheduler._prefetch_kvcache(req)
-        return req
+        refused = self._admit(req)
+        if refused is None:
+            self._arrived[rid] = req
+        return refused
+
+    def abort(self, rid: str) -> None:
+        """Abort an arrived request as the scheduler's ``_release_aborted_request`` does."""
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
+
+        req = self._arrived.pop(rid)
+        self.cache.finish(req.cache_request_handle, CacheRequestOutcome.ABORT)
 
     # ------------------------------------------------------------------ inspection
     def tree_kv_rows(self, input_ids: Sequence[int], n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -278,12 +322,15 @@ def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
 
     out_dir = Path(plan["out"]) if plan.get("out") else None
     serving = MlxServing(plan["model"], lifeboat=plan.get("lifeboat", True),
-                         pool_size=int(plan.get("pool_size", 4096)))
+                         pool_size=int(plan.get("pool_size", 4096)), warmup=bool(plan.get("warmup", False)))
     prompts = {k: [int(t) for t in v] for k, v in (plan.get("prompts") or {}).items()}
     results: dict[str, Any] = {"backend": serving.backend, "cache_class": type(serving.cache).__name__,
                                "steps": {}}
     if serving.engine is not None:
         results["namespace"] = serving.engine.ns.hex()
+        results["state_namespace"] = serving.engine.state_ns.hex()
+        hybrid = getattr(serving.cache, "hybrid", None)
+        results["state_bytes"] = hybrid.nbytes if hybrid is not None else 0
     for i, step in enumerate(plan.get("steps", [])):
         op = step["op"]
         name = step.get("name", f"{op}{i}")
@@ -297,10 +344,9 @@ def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
                 np.save(out_dir / f"{name}_v.npy", v)
             results["steps"][name] = rec
         elif op == "arrive":
-            req = serving.arrive(_ids(step, prompts), step["rid"])
-            results["steps"][name] = {"finished": req.finished(),
-                                      "reason": getattr(req.finished_reason, "message", None)
-                                      if req.finished_reason is not None else None}
+            results["steps"][name] = {"refused": serving.arrive(_ids(step, prompts), step["rid"])}
+        elif op == "abort":
+            serving.abort(step["rid"])
         elif op == "flush":
             results["steps"][name] = {"flushed": serving.flush()}
         elif op == "reset_tree":
@@ -309,9 +355,9 @@ def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
             results["steps"][name] = serving.engine.stats() if serving.engine is not None else {}
         else:
             raise ValueError(f"unknown plan op {op!r}")
+    serving.flush()  # the writer's queue drained first, so the stats count what reached the store
     if serving.engine is not None:
         results["stats"] = serving.engine.stats()
-    serving.flush()
     serving.close()
     if out_dir is not None:
         (out_dir / "results.json").write_text(json.dumps(results))
