@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np

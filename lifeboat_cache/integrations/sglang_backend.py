@@ -363,10 +363,8 @@ class LifeboatHiCacheStorage(HiCacheStorage):
     def _write(self, pool: _Pool, keys: Sequence[str], host_indices: Optional[torch.Tensor],
                extra_info: Optional[HiCacheStorageExtraInfo], what: str) -> list[bool]:
         t0 = time.perf_counter()
-        starts = pool.starts(host_indices, len(keys))
+        starts = self._starts(pool, host_indices, len(keys), what)
         if starts is None:
-            log.warning("lifeboat: %s: %d keys but host_indices do not hold %d pages of %d slots",
-                        what, len(keys), len(keys), pool.page_size)
             return [False] * len(keys)
         if pool.replicated and not self.config.is_storage_writer:
             return [True] * len(keys)  # replicated pages are written once, by the writer rank
@@ -378,15 +376,21 @@ class LifeboatHiCacheStorage(HiCacheStorage):
     def _read(self, pool: _Pool, keys: Sequence[str], host_indices: Optional[torch.Tensor],
               what: str) -> list[bool]:
         t0 = time.perf_counter()
-        starts = pool.starts(host_indices, len(keys))
+        starts = self._starts(pool, host_indices, len(keys), what)
         if starts is None:
-            log.warning("lifeboat: %s: %d keys but host_indices do not hold %d pages of %d slots",
-                        what, len(keys), len(keys), pool.page_size)
             return [False] * len(keys)
         ok = pool.read(self.store, keys, starts)
         self._record("prefetch", t0, _leading(ok), pool.page_bytes)
         self._trace(what, t0, len(keys), sum(ok))
         return ok
+
+    @staticmethod
+    def _starts(pool: _Pool, host_indices: Optional[torch.Tensor], n: int, what: str) -> Optional[list[int]]:
+        starts = pool.starts(host_indices, n)
+        if starts is None:
+            log.warning("lifeboat: %s: %d keys but host_indices do not hold %d pages of %d slots",
+                        what, n, n, pool.page_size)
+        return starts
 
     def _affinity(self, keys: Sequence[str], extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[int]:
         """Dialog mark: the first `affinity_chunks` keys of prefix_keys + keys (when SGLang passes them)."""

@@ -10,14 +10,13 @@ from __future__ import annotations
 import threading
 from typing import Iterator, Sequence
 
-import numpy as np
 
 from ..codec import HEADER_SIZE, unpack_header
 from ..index import Index, Loc
-from ..tiers.base import Ref, Tier
+from ..tiers.base import Ref, SingleIndexTier
 
 
-class MemoryTier(Tier):
+class MemoryTier(SingleIndexTier):
     kind = "memory"
     durable = False
 
@@ -41,16 +40,6 @@ class MemoryTier(Tier):
                     break
                 self.index.insert(int.from_bytes(h.digest[:8], "little", signed=True), Loc(uid, pos, h.record_len))
                 pos += h.record_len
-
-    def contains(self, ikeys: np.ndarray) -> np.ndarray:
-        return self.index.contains(ikeys)
-
-    def locate(self, ikey: int) -> Ref | None:
-        loc = self.index.get(ikey)
-        return None if loc is None else Ref(0, loc)
-
-    def write(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int, affinity: int = 0) -> Ref:
-        return self.write_many([(ikey, digest, bufs, length)], affinity)[0]
 
     def write_many(self, records: Sequence[tuple[int, bytes, Sequence[object], int]],
                    affinity: int = 0) -> list[Ref]:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from ..index import Loc
+from ..index import Index, Loc
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,3 +92,19 @@ class Tier(ABC):
     def stats(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "usage_bytes": self.usage_bytes(),
                 "capacity_bytes": self.capacity_bytes()}
+
+
+class SingleIndexTier(Tier):
+    """A tier with one index and one part, whose writes go through `write_many` (memory, S3)."""
+
+    index: Index
+
+    def contains(self, ikeys: np.ndarray) -> np.ndarray:
+        return self.index.contains(ikeys)
+
+    def locate(self, ikey: int) -> Ref | None:
+        loc = self.index.get(ikey)
+        return None if loc is None else Ref(0, loc)
+
+    def write(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int, affinity: int = 0) -> Ref:
+        return self.write_many([(ikey, digest, bufs, length)], affinity)[0]

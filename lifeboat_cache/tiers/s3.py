@@ -44,7 +44,7 @@ from ..codec import raw_length
 from ..config import DEFAULT_IO_WORKERS, TierSettings
 from ..index import Index, Loc
 from ..metrics import Counters
-from .base import Ref, Tier
+from .base import Ref, SingleIndexTier
 from .segment import _writer_tag, build_trailer, parse_trailer, trailer_size
 
 try:
@@ -127,7 +127,7 @@ def make_client(settings: TierSettings, pool_connections: int) -> tuple[Any, Any
     return session, client
 
 
-class S3Tier(Tier):
+class S3Tier(SingleIndexTier):
     kind = "s3"
     shared = True
     durable = True
@@ -390,16 +390,6 @@ class S3Tier(Tier):
         return data
 
     # ------------------------------------------------------------------ Tier API
-    def contains(self, ikeys: np.ndarray) -> np.ndarray:
-        return self.index.contains(ikeys)
-
-    def locate(self, ikey: int) -> Ref | None:
-        loc = self.index.get(ikey)
-        return None if loc is None else Ref(0, loc)
-
-    def write(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int, affinity: int = 0) -> Ref:
-        return self.write_many([(ikey, digest, bufs, length)], affinity)[0]
-
     def write_many(self, records: Sequence[tuple[int, bytes, Sequence[object], int]],
                    affinity: int = 0) -> list[Ref]:
         """Store the records as one object (one PUT), then index them."""
