@@ -97,3 +97,16 @@ def test_corrupt_compressed_payload_never_decodes_silently():
     out = np.empty(h.raw_len, dtype=np.uint8)
     with pytest.raises(RecordError):
         codec.decode_into(h.codec, memoryview(payload), out, 2)
+
+
+def test_incompressible_plane_is_stored_raw_after_a_probe():
+    page = codec.as_bytes_view(_kv_like("bf16", n=1 << 17))
+    c, parts = codec.encode(page, 2, True)
+    assert c == codec.PLANES
+    sizes = np.frombuffer(parts[0], dtype="<u4")
+    plane_len = page.nbytes // 2
+    assert sizes[0] < plane_len  # sign/exponent bytes compress
+    assert sizes[1] == plane_len and parts[2] is not None and memoryview(parts[2]).nbytes == plane_len
+    out = np.empty_like(page)
+    codec.decode_into(c, memoryview(b"".join(bytes(memoryview(p).cast("B")) for p in parts)), out, 2)
+    assert out.tobytes() == page.tobytes()
