@@ -198,19 +198,30 @@ def encode(page: np.ndarray, itemsize: int, compress: bool) -> tuple[int, list[o
     return RAW, [page]
 
 
-def decode_into(codec: int, payload: memoryview, dst: np.ndarray, itemsize: int) -> None:
-    """Decode a verified payload into dst (flat uint8, exactly raw_len bytes). Raises RecordError."""
-    n = dst.nbytes
+def _pieces_at(dst: Sequence[np.ndarray]) -> list[tuple[int, np.ndarray]]:
+    out, off = [], 0
+    for piece in dst:
+        out.append((off, piece))
+        off += piece.nbytes
+    return out
+
+
+def decode_into(codec: int, payload: memoryview, dst: np.ndarray | Sequence[np.ndarray], itemsize: int) -> None:
+    """Decode a verified payload into dst: one flat uint8 buffer, or the pieces that make the page
+    in order (written piece by piece, no gather buffer). Raises RecordError."""
+    pieces = _pieces_at([dst] if isinstance(dst, np.ndarray) else dst)
+    n = sum(p.nbytes for _, p in pieces)
     try:
-        if codec == RAW:
-            if len(payload) != n:
-                raise RecordError("payload", "raw length mismatch")
-            dst[:] = np.frombuffer(payload, dtype=np.uint8)
-        elif codec == ZSTD:
-            out = _dctx().decompress(payload, max_output_size=n)
+        if codec in (RAW, ZSTD):
+            if codec == RAW:
+                out = payload
+            else:
+                out = _dctx().decompress(payload, max_output_size=n)
             if len(out) != n:
-                raise RecordError("payload", "decompressed length mismatch")
-            dst[:] = np.frombuffer(out, dtype=np.uint8)
+                raise RecordError("payload", "decoded length mismatch")
+            src = np.frombuffer(out, dtype=np.uint8)
+            for off, piece in pieces:
+                piece[:] = src[off: off + piece.nbytes]
         elif codec == PLANES:
             if itemsize not in (2, 4, 8) or n % itemsize:
                 raise RecordError("payload", f"planes codec with itemsize {itemsize}")
@@ -230,7 +241,15 @@ def decode_into(codec: int, payload: memoryview, dst: np.ndarray, itemsize: int)
                     planes.append(np.frombuffer(out, dtype=np.uint8))
             if pos != len(payload):
                 raise RecordError("payload", "plane table does not cover the payload")
-            merge_planes_into(planes, dst, itemsize)
+            if all(off % itemsize == 0 and p.nbytes % itemsize == 0 for off, p in pieces):
+                for off, piece in pieces:
+                    e0, e1 = off // itemsize, (off + piece.nbytes) // itemsize
+                    merge_planes_into([pl[e0:e1] for pl in planes], piece, itemsize)
+            else:  # pieces cut through elements: merge once, then copy out
+                whole = np.empty(n, dtype=np.uint8)
+                merge_planes_into(planes, whole, itemsize)
+                for off, piece in pieces:
+                    piece[:] = whole[off: off + piece.nbytes]
         else:
             raise RecordError("header", f"unknown codec {codec}")
     except zstandard.ZstdError as e:

@@ -76,13 +76,6 @@ def _view(buf: object) -> tuple[list[np.ndarray], int, int]:
     return [codec.as_bytes_view(b) for b in bufs], codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[code]], code
 
 
-def _scatter(src: np.ndarray, pieces: list[np.ndarray]) -> None:
-    pos = 0
-    for p in pieces:
-        p[:] = src[pos: pos + p.nbytes]
-        pos += p.nbytes
-
-
 class ChunkStore:
     """Pages in, pages out, under (namespace, key). See docs/architecture.md for the contract."""
 
@@ -296,7 +289,7 @@ class ChunkStore:
             hdr = bytearray(HEADER_SIZE)
             bufs = [memoryview(hdr), *(memoryview(p) for p in dst)]
         else:
-            bufs = [memoryview(bytearray(ref.length))]
+            bufs = [memoryview(np.empty(ref.length, dtype=np.uint8))]  # no zero-fill pass
         if not tier.read_into(ref, bufs):
             self.counters.add("miss_stale")
             return None
@@ -308,10 +301,7 @@ class ChunkStore:
             codec.check_record(h, payload, digest, ns)
             if not direct:
                 plane_size = codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]]
-                target = dst[0] if len(dst) == 1 else np.empty(n, dtype=np.uint8)
-                codec.decode_into(h.codec, payload, target, plane_size)
-                if len(dst) > 1:
-                    _scatter(target, dst)
+                codec.decode_into(h.codec, payload, dst, plane_size)
         except RecordError as e:
             self.counters.add(f"miss_{e.reason}")
             if e.reason not in ("foreign", "size"):  # intact records of other keys are left alone

@@ -110,3 +110,14 @@ def test_incompressible_plane_is_stored_raw_after_a_probe():
     out = np.empty_like(page)
     codec.decode_into(c, memoryview(b"".join(bytes(memoryview(p).cast("B")) for p in parts)), out, 2)
     assert out.tobytes() == page.tobytes()
+
+
+@pytest.mark.parametrize("cuts", [(4096, 8192), (4095, 9001)])  # element-aligned pieces, and pieces cutting elements
+def test_decode_into_pieces(cuts):
+    page = codec.as_bytes_view(_kv_like("bf16", n=1 << 13))
+    c, parts = codec.encode(page, 2, True)
+    payload = memoryview(b"".join(bytes(memoryview(p).cast("B")) for p in parts))
+    out = np.zeros_like(page)
+    pieces = [out[: cuts[0]], out[cuts[0]: cuts[1]], out[cuts[1]:]]
+    codec.decode_into(c, payload, pieces, 2)
+    assert out.tobytes() == page.tobytes()
