@@ -95,8 +95,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for p in problems:
         print(f"BAD {p}")
     action = "reported" if args.no_quarantine else "quarantined"
-    print(f"verified {total + (0 if args.no_quarantine else len(problems))} records: "
-          f"{len(problems)} bad ({action})")
+    print(f"verified {total + (0 if args.no_quarantine else len(problems))} records: {len(problems)} bad"
+          + (f" ({action})" if problems else ""))
     return 1 if problems else 0
 
 

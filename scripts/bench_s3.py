@@ -39,6 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchutil import pct  # noqa: E402
 from lifeboat_cache import ChunkStore, namespace_fingerprint  # noqa: E402
 from lifeboat_cache.config import settings_from_dict  # noqa: E402
 
@@ -86,12 +87,6 @@ def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:
 
 
 # ---------------------------------------------------------------------------- measurements
-def pct(xs: list[float]) -> str:
-    a = np.array(xs) * 1e3
-    return (f"p50 {np.percentile(a, 50):7.2f} ms  p90 {np.percentile(a, 90):7.2f} ms  "
-            f"p99 {np.percentile(a, 99):7.2f} ms  max {a.max():7.2f} ms")
-
-
 def settings(endpoint: str, bucket: str, workers: int, local: Path | None = None):
     s3 = {"type": "s3", "bucket": bucket, "prefix": "bench", "endpoint_url": endpoint, "region": "us-east-1",
           "read_timeout_s": 60, "refresh_interval_s": 60}
@@ -124,7 +119,7 @@ def run_one(endpoint: str, args: argparse.Namespace, tmp: Path) -> dict[str, flo
             assert st.put(NS, [f"s{i}"], [p]) == [True]
             lat.append(time.perf_counter() - t)
         out["write_serial_mb_s"] = total_mb / (time.perf_counter() - t0)
-        print(f"  write, 1 request at a time : {out['write_serial_mb_s']:8.1f} MB/s   per put {pct(lat)}")
+        print(f"  write, 1 request at a time : {out['write_serial_mb_s']:8.1f} MB/s   per put {pct(lat, digits=2)}")
     with ChunkStore.open(settings(endpoint, bucket, args.io_workers), background=False) as st:
         warm(st, "p")
         t0 = time.perf_counter()
@@ -146,7 +141,7 @@ def run_one(endpoint: str, args: argparse.Namespace, tmp: Path) -> dict[str, flo
             misses += not st.get_into(NS, [f"s{i}"], [dst])[0]
             lat.append(time.perf_counter() - t)
         out["read_serial_mb_s"] = total_mb / (time.perf_counter() - t0)
-        print(f"  read,  1 request at a time : {out['read_serial_mb_s']:8.1f} MB/s   per get {pct(lat)}")
+        print(f"  read,  1 request at a time : {out['read_serial_mb_s']:8.1f} MB/s   per get {pct(lat, digits=2)}")
     with ChunkStore.open(settings(endpoint, bucket, args.io_workers), background=False) as st:
         warm(st, "rp")
         dsts = [np.empty(size, np.uint8) for _ in range(BATCH)]
@@ -173,8 +168,8 @@ def run_one(endpoint: str, args: argparse.Namespace, tmp: Path) -> dict[str, flo
             second.append(time.perf_counter() - t)
         c = st.counters.snapshot()
         out["promoted_speedup_p50"] = float(np.median(first) / np.median(second))
-        print(f"  1st read (S3 + promote)    : {pct(first)}")
-        print(f"  2nd read (promoted, local) : {pct(second)}   x{out['promoted_speedup_p50']:.1f} faster at p50")
+        print(f"  1st read (S3 + promote)    : {pct(first, digits=2)}")
+        print(f"  2nd read (promoted, local) : {pct(second, digits=2)}   x{out['promoted_speedup_p50']:.1f} faster at p50")
         print(f"  hits from S3 {c.get('hits_tier1', 0)}, promotions {c.get('promotions', 0)}")
     shutil.rmtree(local, ignore_errors=True)
     out["misses"] = misses

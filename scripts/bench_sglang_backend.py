@@ -51,15 +51,11 @@ from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle  # noqa: E
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo, PoolName  # noqa: E402
 from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import PrefetchOperation  # noqa: E402
 
+from benchutil import drop_page_cache, pct  # noqa: E402
 from sglang_pools import CpuHiCache, create_backend, lifeboat_extra, mha_pools, page_keys, storage_config  # noqa: E402
 
 BATCH = 128
 log = logging.getLogger("bench")
-
-
-def pct(xs: list[float]) -> str:
-    a = np.array(xs) * 1e3
-    return f"p50 {np.percentile(a, 50):.3f} ms  p90 {np.percentile(a, 90):.3f} ms  p99 {np.percentile(a, 99):.3f} ms"
 
 
 def timed(fn: Callable[[int], Any], n: int, cpu: list[float] | None = None) -> list[float]:
@@ -111,19 +107,6 @@ class Side:
         return timed(one, len(keys))
 
 
-def evict_page_cache(path: Path) -> None:
-    """Write back and drop this directory's files from the OS page cache (only ours), so the
-    next reads come from the drive."""
-    for f in path.rglob("*"):
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def throughput(root: Path, args: argparse.Namespace) -> None:
     dev, host = mha_pools(args.layout, page_size=args.page_tokens, layers=args.layers, heads=args.heads,
                           head_dim=128, tokens=BATCH * args.page_tokens)
@@ -145,7 +128,7 @@ def throughput(root: Path, args: argparse.Namespace) -> None:
             side.flush()
             os.sync()
             r = side.read(keys, dst)  # warm: the pages were just written, they are in the page cache
-            evict_page_cache(root / side.name)
+            drop_page_cache(root / side.name)
             c = side.read(keys, dst)  # cold: from the drive
             assert bytes(host.get_data_page(int(dst[0]), flat=True).contiguous().view(torch.uint8).numpy()) == \
                 bytes(host.get_data_page(int(src[0]), flat=True).contiguous().view(torch.uint8).numpy())
@@ -164,7 +147,7 @@ def throughput(root: Path, args: argparse.Namespace) -> None:
         print(f"  {kind:17s} ratio lifeboat / file: {gbps['lifeboat'] / gbps['file']:.2f}x (target >= 2x)")
     keys = page_keys(list(range(0, 300 * host.page_size)), host.page_size)
     lat = timed(lambda i: sides[1].cache.backend.batch_exists(keys), 200)
-    print(f"  file batch_exists(300 keys), {(args.rounds + 1) * args.batches * BATCH} pages stored: {pct(lat)}")
+    print(f"  file batch_exists(300 keys), {(args.rounds + 1) * args.batches * BATCH} pages stored: {pct(lat, with_max=False)}")
     ratio = sides[0].cache.backend.store.stats()["compression_ratio"]
     print(f"  lifeboat raw/stored compression ratio: {ratio:.3f}")
     for s in sides:
@@ -194,9 +177,9 @@ def exists_scale(root: Path, n_pages: int) -> None:
     assert b.batch_exists(stored[:300]) == 300 and b.batch_exists(absent[:300]) == 0
     print(f"batch_exists(300 keys) with {n_index} pages stored (filled through batch_set_v1 in {fill_s:.1f} s; "
           f"{load()}):")
-    print(f"  stored keys, wall:     {pct(hit)}   (target p99 <= 1 ms)")
-    print(f"  stored keys, CPU time: {pct(hit_cpu)}   (the same calls without the time preempted)")
-    print(f"  absent keys, wall:     {pct(miss)}")
+    print(f"  stored keys, wall:     {pct(hit, with_max=False)}   (target p99 <= 1 ms)")
+    print(f"  stored keys, CPU time: {pct(hit_cpu, with_max=False)}   (the same calls without the time preempted)")
+    print(f"  absent keys, wall:     {pct(miss, with_max=False)}")
     b.close()
 
 

@@ -29,18 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
+from benchutil import drop_page_cache, pct
 from lifeboat_cache import ChunkStore, namespace_fingerprint
 from lifeboat_cache.config import settings_from_dict
 from lifeboat_cache.tiers.segment import SNAPSHOT_NAME
 
 NS = namespace_fingerprint(model="bench")
 ROUNDS = 5
-
-
-def pct(xs: list[float]) -> str:
-    a = np.array(xs) * 1e3
-    return (f"p50 {np.percentile(a, 50):.3f} ms  p90 {np.percentile(a, 90):.3f} ms  "
-            f"p99 {np.percentile(a, 99):.3f} ms  max {a.max():.3f} ms")
 
 
 def throughput(root: Path, workers: int, page_bytes: int, batches: int) -> None:
@@ -94,18 +89,6 @@ def throughput(root: Path, workers: int, page_bytes: int, batches: int) -> None:
         print(f"{what:18s} store {sv:.2f} GB/s vs plain files {pv:.2f} GB/s -> {sv / pv:.2f}x (target >= 0.8x)")
     print(f"       ({batches} batches x 128 pages x {page_bytes} B, {workers} threads, compression none, "
           f"median of {ROUNDS} alternating rounds)")
-
-
-def drop_page_cache(root: Path) -> None:
-    """Write back and evict every file under root from the page cache, so reads hit the drive."""
-    for path in root.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def index_scale(root: Path, n_pages: int, page_bytes: int) -> None:
