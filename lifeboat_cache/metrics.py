@@ -1,9 +1,8 @@
-"""Counters with one lock, and their Prometheus text exposition."""
+"""Counters with one lock: what the store, its tiers and the copier count (misses by cause, bytes, drops)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Mapping
 
 
 class Counters:
@@ -25,14 +24,3 @@ class Counters:
         with self._lock:
             return dict(self._values)
 
-
-def prometheus_text(values: Mapping[str, float], prefix: str = "lifeboat_") -> str:
-    """Render flat numeric values as Prometheus text format (counters end in _total)."""
-    lines = []
-    for name in sorted(values):
-        v = values[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue
-        metric = prefix + name.replace(".", "_").replace("-", "_")
-        lines.append(f"{metric} {v}")
-    return "\n".join(lines) + "\n"
