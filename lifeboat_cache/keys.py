@@ -37,7 +37,7 @@ def key_bytes(key: str | bytes) -> bytes:
 
 def key_digest(ns: bytes, key: str | bytes) -> bytes:
     """16-byte digest of (namespace, key): the record's identity."""
-    return hashlib.blake2b(key_bytes(key), digest_size=16, key=ns).digest()
+    return digests(ns, [key])[0][0]
 
 
 def index_key(digest: bytes) -> int:

@@ -67,17 +67,20 @@ def _raw(env: Mapping[str, str], name: str) -> Optional[str]:
     return value.strip()
 
 
-def _positive_int(env: Mapping[str, str], name: str, what: str) -> Optional[int]:
-    value = _raw(env, name)
-    if value is None:
-        return None
+def _as_positive_int(name: str, value: str, allowed: str) -> int:
+    """int(value) > 0, else a ConfigError naming the variable and the `allowed` values."""
     try:
         number = int(value)
     except ValueError:
         number = 0
     if number <= 0:
-        raise ConfigError(f"{name}={value!r} is invalid: allowed values are a positive whole number ({what})")
+        raise ConfigError(f"{name}={value!r} is invalid: allowed values are {allowed}")
     return number
+
+
+def _positive_int(env: Mapping[str, str], name: str, what: str) -> Optional[int]:
+    value = _raw(env, name)
+    return None if value is None else _as_positive_int(name, value, f"a positive whole number ({what})")
 
 
 def parse_enable(env: Mapping[str, str]) -> bool:
@@ -107,16 +110,7 @@ def parse_host_gb(env: Mapping[str, str]) -> HostGbSetting:
         return None
     if value.lower() == "auto":
         return "auto"
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number <= 0:
-        raise ConfigError(
-            f"{ENV_HOST_GB}={value!r} is invalid: allowed values are a positive whole number of GB per rank "
-            "(e.g. 64) or 'auto'"
-        )
-    return number
+    return _as_positive_int(ENV_HOST_GB, value, "a positive whole number of GB per rank (e.g. 64) or 'auto'")
 
 
 def parse_write_policy(env: Mapping[str, str]) -> Optional[str]:

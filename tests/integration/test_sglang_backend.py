@@ -171,14 +171,19 @@ def test_restart_in_a_new_process_hits(tmp_path):
     try:
         tokens = _tokens(300, base=7 * 100_000)
         keys = page_keys(tokens, 4)
-        deadline = time.monotonic() + 30  # the index rebuild runs in the background
-        while cache.backend.batch_exists(keys) < 300 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for_hits(cache.backend, keys, 30)  # the index rebuild runs in the background
         got = cache.prefetch(tokens)
         assert got["loaded_tokens"] == len(tokens)
         assert b"".join(flat_pages(host, got["host_indices"])) == expected
     finally:
         cache.close()
+
+
+def _wait_for_hits(backend, keys: list[str], timeout_s: float) -> None:
+    """Poll batch_exists until every key is a hit or the timeout passes (the caller asserts after)."""
+    deadline = time.monotonic() + timeout_s
+    while backend.batch_exists(keys) < len(keys) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def test_mla_pages_written_by_rank0_are_read_by_rank1(tmp_path):
@@ -194,9 +199,7 @@ def test_mla_pages_written_by_rank0_are_read_by_rank1(tmp_path):
         assert rank1.backup(tokens, slots) == 0 and rank1.backend.batch_exists(keys) == 0
         proc, out = _child(tmp_path, "page_first", "mla", 0, 2, 300, seed=8)
         expected = _wait_child(proc, out)
-        deadline = time.monotonic() + 10
-        while rank1.backend.batch_exists(keys) < 300 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_for_hits(rank1.backend, keys, 10)  # another process's segments appear on the next listing
         got = rank1.prefetch(tokens)
         assert got["loaded_tokens"] == len(tokens)
         assert b"".join(flat_pages(host, got["host_indices"])) == expected
