@@ -297,8 +297,9 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{EXTRA_CONFIG}.affinity_chunks: expected an integer >= 1, got {type(value).__name__} "
-                              f"{str(value)[:40] if not isinstance(value, int) else 'below 1'}")
+            shown = "a number below 1" if isinstance(value, int) else f"a {type(value).__name__}"
+            raise ConfigError(f"{EXTRA_CONFIG}.affinity_chunks: expected an integer >= 1 "
+                              f"(pages of a dialog that choose its drive), got {shown}")
         return value
 
     # ------------------------------------------------------------------ registration
