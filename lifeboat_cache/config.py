@@ -350,9 +350,14 @@ def find_config_file(env: Mapping[str, str] | None = None) -> Path | None:
     env = os.environ if env is None else env
     explicit = env.get("LIFEBOAT_CONFIG")
     if explicit:
-        p = Path(os.path.expanduser(explicit))
-        if not p.is_file():
-            raise ConfigError(f"LIFEBOAT_CONFIG={explicit}: no such file; point it at a lifeboat.yaml or unset it")
+        try:
+            p = Path(os.path.expanduser(explicit))
+            found = p.is_file()
+        except (OSError, ValueError):  # a name too long for the file system, a NUL
+            found = False
+        if not found:
+            raise ConfigError(
+                f"LIFEBOAT_CONFIG={explicit[:200]!r}: no such file; point it at a lifeboat.yaml or unset it")
         return p
     try:
         home: list[Path] = [Path.home() / ".config" / "lifeboat" / "lifeboat.yaml"]
@@ -377,6 +382,8 @@ def read_config_file(path: Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML ({e}); fix the syntax at the position shown") from None
     except RecursionError:
         raise ConfigError(f"{path}: YAML nested too deeply; lifeboat.yaml needs at most three levels") from None
+    except ValueError as e:  # PyYAML's int(): a numeral of more than 4300 digits
+        raise ConfigError(f"{path}: a value cannot be read ({str(e)[:120]}); use a number of normal length") from None
 
 
 def apply_overrides(settings: Settings, overrides: Mapping[str, Any], source: str = "overrides") -> Settings:
