@@ -400,10 +400,12 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         self._trace("batch_get", t0, len(keys), sum(ok))
         return [t if good else None for t, good in zip(target_locations, ok)]
 
+    @_guarded(lambda *a, **k: False)
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> bool:
         return self.batch_set([key], None if value is None else [value])
 
+    @_guarded(lambda *a, **k: None)
     def get(self, key: str, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> Optional[torch.Tensor]:
         return self.batch_get([key], None if target_location is None else [target_location])[0]
@@ -541,6 +543,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         except Exception:  # noqa: BLE001 - reporting must not raise into SGLang either
             pass
 
+    @_guarded(lambda *a, **k: None)
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics: pages and GB/s per call since the last scrape."""
         try:
@@ -555,6 +558,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
             self._failed("get_stats", e)
             return None
 
+    @_guarded(lambda *a, **k: None)
     def clear(self) -> None:
         """Not supported: the store may be shared by other ranks, servers and hosts."""
         log.warning("lifeboat: clear is not supported (the store may be shared); "
