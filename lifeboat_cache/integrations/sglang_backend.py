@@ -49,6 +49,7 @@ from ..config import ConfigError, load_settings
 from ..keys import namespace_fingerprint
 from ..runtimes.cuda import parse_zero_copy
 from ..store import ChunkStore
+from .sglang_checks import MAX_CALL_PAGES, BadCall, check_extra_info, check_indices, check_keys, check_pages, count
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +148,6 @@ class _Pool:
         return ok
 
 
-class BadCall(ValueError):
-    """A call's arguments break the HiCacheStorage contract: the call does nothing."""
-
-
 def _guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Never raise into SGLang: bad arguments or an unexpected error return `fallback(*args)`
     ("nothing done"). A fallback is written not to raise; if the arguments are so broken that it
@@ -180,16 +177,8 @@ def _leading(hits: Sequence[bool]) -> int:
     return hits.index(False) if False in hits else len(hits)
 
 
-_MAX_CALL_PAGES = 1 << 20  # a "list of keys" longer than this is not a call from SGLang
-
-
-def _count(seq: Any) -> int:
-    """len(seq) for a list or tuple (the only shapes SGLang passes), else 0: the length is unknowable."""
-    return len(seq) if isinstance(seq, (list, tuple)) and len(seq) <= _MAX_CALL_PAGES else 0
-
-
 def _no_pages(keys: Any = None, *_: Any, **__: Any) -> list[bool]:
-    return [False] * _count(keys)
+    return [False] * count(keys)
 
 
 def _no_transfers(transfers: Any = None, *_: Any, **__: Any) -> dict[str, list[bool]]:
@@ -197,63 +186,21 @@ def _no_transfers(transfers: Any = None, *_: Any, **__: Any) -> dict[str, list[b
     for t in transfers if isinstance(transfers, (list, tuple)) else ():
         if isinstance(t, PoolTransfer):
             try:
-                out[t.name] = [False] * _count(t.keys)
+                out[t.name] = [False] * count(t.keys)
             except TypeError:  # an unhashable name
                 continue
     return out
 
 
-# ------------------------------------------------------------------ argument checks (raise BadCall)
-def _check_keys(keys: Any, what: str = "keys") -> Sequence[str]:
-    if not isinstance(keys, (list, tuple)) or len(keys) > _MAX_CALL_PAGES:
-        raise BadCall(f"{what}: expected a list of page keys (str), got {type(keys).__name__}")
-    if not all(isinstance(k, (str, bytes)) for k in keys):
-        raise BadCall(f"{what}: every page key must be a str")
-    return keys
-
-
-def _check_extra_info(extra_info: Any) -> None:
-    if extra_info is None:
-        return
-    prefix = getattr(extra_info, "prefix_keys", None)
-    if prefix is not None:
-        _check_keys(prefix, "extra_info.prefix_keys")
-
-
-def _check_indices(pool: "_Pool", host_indices: Any, n: int) -> None:
-    """host_indices must name n whole, aligned pages of consecutive slots inside the host pool:
-    anything else would store (or read into) a short or foreign page."""
-    ps = pool.page_size
-    if n == 0:
-        return  # nothing to transfer, whatever the slots
-    if not isinstance(host_indices, torch.Tensor) or host_indices.dim() != 1:
-        raise BadCall(f"host_indices: expected a 1-D tensor of slots, got {type(host_indices).__name__}")
-    if host_indices.dtype.is_floating_point or host_indices.dtype.is_complex or host_indices.dtype == torch.bool:
-        raise BadCall(f"host_indices: expected integer slots, got {host_indices.dtype}")
-    if host_indices.numel() != n * ps:
-        raise BadCall(f"host_indices: {n} keys need {n * ps} slots ({ps} per page), got {host_indices.numel()}")
-    pages = host_indices.to(device="cpu", dtype=torch.int64).reshape(n, ps)
-    starts = pages[:, 0]
-    if (starts % ps != 0).any() or not torch.equal(pages, starts[:, None] + torch.arange(ps)):
-        raise BadCall(f"host_indices: each page must be {ps} consecutive slots starting at a multiple of {ps}")
+def _check_indices(pool: _Pool, host_indices: Any, n: int) -> None:
+    """Whole pages of this pool only (sglang_checks.check_indices); capacity in logical slots."""
     capacity = getattr(pool.host, "logical_size", None) or getattr(pool.host, "size", None)
-    lo, hi = int(starts.min()), int(starts.max())
-    if lo < 0 or (isinstance(capacity, int) and hi + ps > capacity):
-        raise BadCall(f"host_indices: slots {lo}..{hi + ps - 1} are outside the host pool (0..{capacity})")
-    if not isinstance(capacity, int):  # an unknown pool: check that each page's bytes are whole
-        for s in starts.tolist():
-            if sum(t.numel() * t.element_size() for t in _page_tensors(pool.host, s)) != pool.page_bytes:
-                raise BadCall(f"host_indices: the page at slot {s} is not a whole page")
+    check_indices(host_indices, n, pool.page_size, capacity, pool.page_bytes,
+                  lambda s: sum(t.numel() * t.element_size() for t in _page_tensors(pool.host, s)))
 
 
-def _check_pages(pool: "_Pool", tensors: Any, n: int, what: str, writable: bool = False) -> None:
-    """Copying interface: n CPU tensors of exactly one flat page's bytes each."""
-    if not isinstance(tensors, (list, tuple)) or len(tensors) != n:
-        raise BadCall(f"{what}: expected a list of {n} page tensors, got {type(tensors).__name__}")
-    for t in tensors:
-        if (not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.element_size() not in _INT_OF_WIDTH
-                or t.numel() * t.element_size() != pool.page_bytes or (writable and not t.is_contiguous())):
-            raise BadCall(f"{what}: every page must be a CPU tensor of {pool.page_bytes} bytes")
+def _check_pages(pool: _Pool, tensors: Any, n: int, what: str, writable: bool = False) -> None:
+    check_pages(tensors, n, pool.page_bytes, what, writable, _INT_OF_WIDTH)
 
 
 class LifeboatHiCacheStorage(HiCacheStorage):
@@ -350,7 +297,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
     # ------------------------------------------------------------------ KV pages (v1 and copying)
     @_guarded(lambda *a, **k: 0)
     def batch_exists(self, keys: list[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
-        _check_keys(keys)
+        check_keys(keys)
         t0 = time.perf_counter()
         n = self.store.exists(self._pool(PoolName.KV).ns, keys)
         self._trace("batch_exists", t0, len(keys), n)
@@ -358,22 +305,22 @@ class LifeboatHiCacheStorage(HiCacheStorage):
 
     @_guarded(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
-        _check_keys([key], "key")
+        check_keys([key], "key")
         return self.store.contains(self._pool(PoolName.KV).ns, [key])[0]
 
     @_guarded(_no_pages)
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> list[bool]:
         pool = self._pool(PoolName.KV)
-        _check_indices(pool, host_indices, len(_check_keys(keys)))
-        _check_extra_info(extra_info)
+        _check_indices(pool, host_indices, len(check_keys(keys)))
+        check_extra_info(extra_info)
         return self._write(pool, keys, host_indices, extra_info, "batch_set_v1")
 
     @_guarded(_no_pages)
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> list[bool]:
         pool = self._pool(PoolName.KV)
-        _check_indices(pool, host_indices, len(_check_keys(keys)))
+        _check_indices(pool, host_indices, len(check_keys(keys)))
         return self._read(pool, keys, host_indices, "batch_get_v1")
 
     @_guarded(lambda *a, **k: False)
@@ -381,19 +328,19 @@ class LifeboatHiCacheStorage(HiCacheStorage):
                   target_sizes: Optional[Any] = None) -> bool:
         """Copying interface: `values` are SGLang's flat page copies (get_data_page(idx))."""
         pool = self._pool(PoolName.KV)
-        _check_pages(pool, values, len(_check_keys(keys)), "values")
+        _check_pages(pool, values, len(check_keys(keys)), "values")
         t0 = time.perf_counter()
         ok = self.store.put(pool.ns, keys, [_np(v.contiguous()) for v in values])
         self._record("backup", t0, sum(ok), pool.page_bytes)
         self._trace("batch_set", t0, len(keys), sum(ok))
         return all(ok)
 
-    @_guarded(lambda keys=None, *a, **k: [None] * _count(keys))
+    @_guarded(lambda keys=None, *a, **k: [None] * count(keys))
     def batch_get(self, keys: list[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> list[Optional[torch.Tensor]]:
         """Copying interface: decode into SGLang's flat dummy pages; None per miss."""
         pool = self._pool(PoolName.KV)
-        _check_pages(pool, target_locations, len(_check_keys(keys)), "target_locations", writable=True)
+        _check_pages(pool, target_locations, len(check_keys(keys)), "target_locations", writable=True)
         t0 = time.perf_counter()
         ok = self.store.get_into(pool.ns, keys, [_np(t) for t in target_locations])
         self._record("prefetch", t0, _leading(ok), pool.page_bytes)
@@ -415,14 +362,14 @@ class LifeboatHiCacheStorage(HiCacheStorage):
     def batch_exists_v2(self, keys: list[str], pool_transfers: Optional[list[PoolTransfer]] = None,
                         extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
         """Longest KV prefix for which every pool it needs is present (all-or-nothing)."""
-        _check_keys(keys)
+        check_keys(keys)
         if pool_transfers is not None and not isinstance(pool_transfers, (list, tuple)):
             raise BadCall(f"pool_transfers: expected a list, got {type(pool_transfers).__name__}")
         for t in pool_transfers or []:
             if not isinstance(t, PoolTransfer):
                 raise BadCall(f"pool_transfers: expected PoolTransfer items, got {type(t).__name__}")
             if t.keys is not None:
-                _check_keys(t.keys, "pool_transfers[].keys")
+                check_keys(t.keys, "pool_transfers[].keys")
         t0 = time.perf_counter()
         kv = _leading(self.store.contains(self._pool(PoolName.KV).ns, keys))
         hits: dict[Any, int] = {PoolName.KV: kv} if kv else {}
@@ -451,7 +398,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, list[bool]]:
         self._check_transfers(transfers)
-        _check_extra_info(extra_info)
+        check_extra_info(extra_info)
         return {t.name: self._write(self._pool(t.name), t.keys or [], t.host_indices, extra_info,
                                     f"batch_set_v2[{t.name}]") for t in transfers}
 
@@ -464,14 +411,14 @@ class LifeboatHiCacheStorage(HiCacheStorage):
 
     def _check_transfers(self, transfers: Any) -> None:
         """Every transfer is checked before any is done, so a bad one cannot leave half a call done."""
-        if not isinstance(transfers, (list, tuple)) or len(transfers) > _MAX_CALL_PAGES:
+        if not isinstance(transfers, (list, tuple)) or len(transfers) > MAX_CALL_PAGES:
             raise BadCall(f"transfers: expected a list of PoolTransfer, got {type(transfers).__name__}")
         names = set()
         for t in transfers:
             if not isinstance(t, PoolTransfer):
                 raise BadCall(f"transfers: expected PoolTransfer items, got {type(t).__name__}")
             names.add(t.name)  # an unhashable name raises TypeError: the guard's business
-            keys = _check_keys(t.keys or [], f"transfers[{str(t.name)!r}].keys")
+            keys = check_keys(t.keys or [], f"transfers[{str(t.name)!r}].keys")
             _check_indices(self._pool(t.name), t.host_indices, len(keys))
         if len(names) != len(transfers):
             raise BadCall("transfers: one pool named twice")
