@@ -28,6 +28,7 @@ import torch
 pytest.importorskip("hypothesis")
 sglang_pools = pytest.importorskip("sglang_pools", reason="SGLang 0.5.23 is not installed")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from lifeboat_cache.config import ConfigError  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     HiCacheStorageExtraInfo,
@@ -330,3 +331,47 @@ def test_bad_keys_return_nothing_done(tmp_path, bad):
     assert b.batch_set_v2([PoolTransfer(name=PoolName.KV, host_indices=slots, keys=bad)]) == {PoolName.KV: []}
     b.close()
 
+
+
+_EXTRA_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=10),
+    st.sampled_from(["--5", "²", "abc", "1e400", "9" * 400, "64MiB", "zstd", "none", "true"]),
+    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=6), st.integers(), max_size=2),
+)
+_EXTRA_KEYS = ["io_workers", "compression", "failure_cooldown_s", "failure_cooldown_max_s", "copy_queue_size",
+               "trace", "engine", "model_id", "key_namespace", "affinity_chunks", "compresion"]
+
+
+def test_hostile_extra_config_is_a_config_error_naming_the_key(tmp_path, capsys):
+    """SGLang's extra-config through the real factory: a bad value (e.g. `engine: "abc"`, which raised
+    ValueError) is a ConfigError naming --hicache-storage-backend-extra-config and the key; nothing else."""
+    _, host = mha_pools("page_first")
+    tally: Counter = Counter()
+    failures: list[str] = []
+
+    @settings(max_examples=80 * SCALE, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(_EXTRA_KEYS), _EXTRA_VALUES)
+    def run(key: str, value: Any) -> None:
+        cfg = storage_config(extra={**lifeboat_extra(tmp_path), key: value})
+        try:
+            b = sglang_pools.StorageBackendFactory.create_backend("dynamic", cfg, host)
+        except ConfigError as e:
+            tally["ConfigError"] += 1
+            if "--hicache-storage-backend-extra-config" not in str(e) or key not in str(e):
+                tally["unnamed"] += 1
+                failures.append(f"{key}={value!r:.40}: {str(e)[:200]}")
+            return
+        except Exception as e:  # noqa: BLE001 - counted and asserted below
+            tally["other"] += 1
+            failures.append(f"{key}={value!r:.40}: {type(e).__name__}: {str(e)[:200]}")
+            return
+        tally["accepted"] += 1
+        b.close()
+
+    run()
+    with capsys.disabled():
+        print(f"\nextra-config through StorageBackendFactory: {sum(tally.values()) - tally['unnamed']} inputs: "
+              f"{tally['accepted']} accepted, {tally['ConfigError']} ConfigError ({tally['unnamed']} not naming "
+              f"the source and key), {tally['other']} other exceptions")
+    assert tally["other"] == tally["unnamed"] == 0, failures[:5]

@@ -53,10 +53,10 @@ def read_path(record: bytes, dst: np.ndarray | list[np.ndarray], digest: bytes =
     codec.decode_into(h.codec, payload, dst, itemsize)
 
 
-def _figure(capsys: Any, what: str, tally: Counter) -> None:
+def _figure(capsys: Any, what: str, tally: Counter, accepted: str = "decoded byte-exact") -> None:
     with capsys.disabled():
-        print(f"\n{what}: {sum(tally.values())} records: {tally['refused']} refused (RecordError), "
-              f"{tally['exact']} decoded byte-exact, {tally['wrong']} wrong pages, {tally['other']} other exceptions")
+        print(f"\n{what}: {sum(tally.values())} inputs: {tally['refused']} refused (RecordError), "
+              f"{tally['exact']} {accepted}, {tally['wrong']} wrong pages, {tally['other']} other exceptions")
 
 
 # ------------------------------------------------------------------ arbitrary bytes
@@ -81,7 +81,7 @@ def test_fuzz_header_over_arbitrary_bytes(capsys):
         assert codec.pack_header(h)[:HEADER_SIZE - 4] == bytes(data[:HEADER_SIZE - 4])
 
     run()
-    _figure(capsys, "headers over arbitrary bytes", tally)
+    _figure(capsys, "headers over arbitrary bytes", tally, "parsed (and equal to the header packed back)")
     assert tally["other"] == 0
 
 
@@ -214,5 +214,5 @@ def test_fuzz_forged_records_raise_only_record_error(capsys):
         tally["exact"] += 1  # accepted: the page was filled from a payload that checks out
 
     run()
-    _figure(capsys, "forged records with valid checksums", tally)
+    _figure(capsys, "forged records with valid checksums", tally, "decoded into a page of the right size")
     assert tally["other"] == 0, failures
