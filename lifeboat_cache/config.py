@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,6 +25,8 @@ DEFAULT_COPY_QUEUE_BYTES = 256 << 20
 DEFAULT_AUTO_CAPACITY_MAX_BYTES = 64 << 30
 DEFAULT_S3_REFRESH_INTERVAL_S = 5.0
 MAX_KEY_NAMESPACE_BYTES = 64
+MAX_SIZE_BYTES = 1 << 60  # 1 EiB: any larger size is a typo, and would overflow 64-bit offsets
+_MAX_NUMBER_CHARS = 64  # longer numerals are typos (and int() refuses > 4300 digits)
 TIER_TYPES = ("local", "nfs", "s3")
 COMPRESSIONS = ("zstd", "none")
 
@@ -75,7 +78,19 @@ class Settings:
 
 # ---------------------------------------------------------------- parsing helpers
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?i?B?)?\s*$", re.IGNORECASE)
+# ASCII only: "²" or "٣" are not numbers in a config file (str.isdigit() would say they are)
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]?i?B?)?\s*$", re.IGNORECASE | re.ASCII)
+_INT_RE = re.compile(r"^\s*[+-]?[0-9]+\s*$", re.ASCII)
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """repr() for error messages that cannot itself fail (huge ints) or flood the log."""
+    try:
+        text = repr(value)
+    except Exception:  # e.g. an int of more than 4300 digits
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
 _SIZE_UNITS = {
     "": 1, "B": 1,
     "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
@@ -85,69 +100,89 @@ _SIZE_UNITS = {
 
 
 def parse_size(value: Any, where: str) -> int:
-    """'500GiB', '1.5TB', '64MiB' or an int (bytes) -> bytes."""
+    """'500GiB', '1.5TB', '64MiB' or an int (bytes) -> bytes, at most MAX_SIZE_BYTES."""
     if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a size such as 500GiB or 64MiB, got {value!r}")
+        raise ConfigError(f"{where}: expected a size such as 500GiB or 64MiB, got {_show(value)}")
+    n: int | None = None
     if isinstance(value, int):
         if value <= 0:
-            raise ConfigError(f"{where}: must be > 0 bytes, got {value}")
-        return value
-    if isinstance(value, str):
+            raise ConfigError(f"{where}: must be > 0 bytes, got {_show(value)}")
+        n = value
+    elif isinstance(value, str) and len(value) <= _MAX_NUMBER_CHARS:
         m = _SIZE_RE.match(value)
         if m and (m.group(2) or "").upper() in _SIZE_UNITS:
-            n = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").upper()])
-            if n > 0:
-                return n
-    raise ConfigError(f"{where}: expected a size such as 500GiB, 2TB or 64MiB, got {value!r}")
+            # exact decimal arithmetic: float() would overflow or round "1.1TB"
+            n = int(Fraction(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").upper()])
+            if n <= 0:
+                n = None
+    if n is None:
+        raise ConfigError(f"{where}: expected a size such as 500GiB, 2TB or 64MiB, got {_show(value)}")
+    if n > MAX_SIZE_BYTES:
+        raise ConfigError(f"{where}: {_show(value)} is larger than the 1 EiB limit; give a size such as 500GiB")
+    return n
 
 
 def _parse_int(value: Any, where: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        if isinstance(value, str) and len(value) <= _MAX_NUMBER_CHARS and _INT_RE.match(value):
             value = int(value)
         else:
-            raise ConfigError(f"{where}: expected an integer between {lo} and {hi}, got {value!r}")
+            raise ConfigError(f"{where}: expected an integer between {lo} and {hi}, got {_show(value)}")
     if not lo <= value <= hi:
-        raise ConfigError(f"{where}: must be between {lo} and {hi}, got {value}")
+        raise ConfigError(f"{where}: must be between {lo} and {hi}, got {_show(value)}")
     return value
 
 
 def _parse_float(value: Any, where: str, lo: float, hi: float) -> float:
     try:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError
+        if isinstance(value, str) and (len(value) > _MAX_NUMBER_CHARS or not value.isascii()):
             raise ValueError
         f = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected a number between {lo} and {hi}, got {value!r}") from None
-    if not lo <= f <= hi:
-        raise ConfigError(f"{where}: must be between {lo} and {hi}, got {value}")
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond 1e308
+        raise ConfigError(f"{where}: expected a number between {lo} and {hi}, got {_show(value)}") from None
+    if not lo <= f <= hi:  # also rejects nan
+        raise ConfigError(f"{where}: must be between {lo} and {hi}, got {_show(value)}")
     return f
 
 
 def _parse_bool(value: Any, where: str) -> bool:
     if isinstance(value, bool):
         return value
-    if isinstance(value, (int, str)) and str(value).strip().lower() in ("1", "true", "yes", "on"):
+    if isinstance(value, int) and value in (0, 1):  # no str(): a huge int cannot be printed
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
         return True
-    if isinstance(value, (int, str)) and str(value).strip().lower() in ("0", "false", "no", "off"):
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    raise ConfigError(f"{where}: expected true or false, got {_show(value)}")
 
 
 def _parse_choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise ConfigError(f"{where}: must be one of {', '.join(choices)}; got {value!r}")
+        raise ConfigError(f"{where}: must be one of {', '.join(choices)}; got {_show(value)}")
     return value
 
 
 def _parse_str(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+        raise ConfigError(f"{where}: expected a non-empty string, got {_show(value)}")
+    if "\0" in value or not _encodable(value):
+        raise ConfigError(f"{where}: {_show(value)} contains a NUL or an unpaired surrogate; use plain text")
     return value
 
 
+def _encodable(value: str) -> bool:
+    try:
+        value.encode()
+        return True
+    except UnicodeEncodeError:  # lone surrogates, e.g. from a YAML "\ud800" escape
+        return False
+
+
 def _check_keys(obj: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(obj) - allowed)
+    unknown = sorted((_show(k, 40) if not isinstance(k, str) else k for k in set(obj) - allowed))
     if unknown:
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(unknown)}; allowed keys are {', '.join(sorted(allowed))}"
@@ -170,7 +205,7 @@ _TIER_KEYS = {
 
 def parse_tier(obj: Any, where: str) -> TierSettings:
     if not isinstance(obj, Mapping):
-        raise ConfigError(f"{where}: expected a mapping with a 'type' key (local, nfs or s3), got {obj!r}")
+        raise ConfigError(f"{where}: expected a mapping with a 'type' key (local, nfs or s3), got {_show(obj)}")
     kind = _parse_choice(obj.get("type"), f"{where}.type", TIER_TYPES)
     _check_keys(obj, _TIER_KEYS[kind], where)
     kw: dict[str, Any] = {"type": kind}
@@ -181,12 +216,12 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
         if not raw:
             raise ConfigError(f"{where}.path: required for a {kind} tier (a directory, e.g. /mnt/nvme/lifeboat)")
         if isinstance(raw, str) or not isinstance(raw, (list, tuple)):
-            raise ConfigError(f"{where}.paths: expected a list of directories, got {raw!r}")
+            raise ConfigError(f"{where}.paths: expected a list of directories, got {_show(raw)}")
         kw["paths"] = tuple(Path(os.path.expanduser(_parse_str(p, f"{where}.paths[{i}]"))) for i, p in enumerate(raw))
         if "segment_size" in obj:
             seg = parse_size(obj["segment_size"], f"{where}.segment_size")
             if not (1 << 20) <= seg <= (4 << 30):
-                raise ConfigError(f"{where}.segment_size: must be between 1MiB and 4GiB, got {obj['segment_size']!r}")
+                raise ConfigError(f"{where}.segment_size: must be between 1MiB and 4GiB, got {_show(obj['segment_size'])}")
             kw["segment_bytes"] = seg
         if "affinity_chunks" in obj:
             kw["affinity_chunks"] = _parse_int(obj["affinity_chunks"], f"{where}.affinity_chunks", 1, 1 << 20)
@@ -200,7 +235,7 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
         kw["bucket"] = _parse_str(obj.get("bucket"), f"{where}.bucket")
         if "prefix" in obj:
             if not isinstance(obj["prefix"], str):
-                raise ConfigError(f"{where}.prefix: expected a string such as 'lifeboat/', got {obj['prefix']!r}")
+                raise ConfigError(f"{where}.prefix: expected a string such as 'lifeboat/', got {_show(obj['prefix'])}")
             kw["prefix"] = obj["prefix"]
         for k in ("endpoint_url", "region"):
             if obj.get(k) is not None:
@@ -229,7 +264,7 @@ def parse_engine(obj: Any, where: str = "engine") -> EngineSettings:
     if obj is None:
         return EngineSettings()
     if not isinstance(obj, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {obj!r}")
+        raise ConfigError(f"{where}: expected a mapping, got {_show(obj)}")
     _check_keys(obj, _ENGINE_KEYS, where)
     kw: dict[str, Any] = {}
     if "io_workers" in obj:
@@ -256,8 +291,9 @@ def parse_engine(obj: Any, where: str = "engine") -> EngineSettings:
 def parse_key_namespace(value: Any, where: str = "key_namespace") -> str:
     if value is None:
         return ""
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}: expected a string of at most {MAX_KEY_NAMESPACE_BYTES} bytes, got {value!r}")
+    if not isinstance(value, str) or not _encodable(value):
+        raise ConfigError(
+            f"{where}: expected a UTF-8 string of at most {MAX_KEY_NAMESPACE_BYTES} bytes, got {_show(value)}")
     if len(value.encode()) > MAX_KEY_NAMESPACE_BYTES:
         raise ConfigError(
             f"{where}: {len(value.encode())} bytes is too long; use at most {MAX_KEY_NAMESPACE_BYTES} bytes")
@@ -268,7 +304,20 @@ _TOP_KEYS = {"storage", "engine", "model_id", "key_namespace"}
 
 
 def settings_from_dict(obj: Any, source: str = "<dict>") -> Settings:
-    """Validate a parsed `lifeboat.yaml` document."""
+    """Validate a parsed `lifeboat.yaml` document; every ConfigError names `source` and the key."""
+    try:
+        return _settings_from_dict(obj, source)
+    except ConfigError as e:
+        raise _from_source(e, source) from None
+
+
+def _from_source(err: ConfigError, source: str) -> ConfigError:
+    """The same error, prefixed with the file (or other source) the bad value came from."""
+    msg = str(err)
+    return err if msg.startswith(f"{source}") else ConfigError(f"{source}: {msg}")
+
+
+def _settings_from_dict(obj: Any, source: str) -> Settings:
     if obj is None:
         obj = {}
     if not isinstance(obj, Mapping):
@@ -301,11 +350,20 @@ def find_config_file(env: Mapping[str, str] | None = None) -> Path | None:
     env = os.environ if env is None else env
     explicit = env.get("LIFEBOAT_CONFIG")
     if explicit:
-        p = Path(os.path.expanduser(explicit))
-        if not p.is_file():
-            raise ConfigError(f"LIFEBOAT_CONFIG={explicit}: no such file; point it at a lifeboat.yaml or unset it")
+        try:
+            p = Path(os.path.expanduser(explicit))
+            found = p.is_file()
+        except (OSError, ValueError):  # a name too long for the file system, a NUL
+            found = False
+        if not found:
+            raise ConfigError(
+                f"LIFEBOAT_CONFIG={explicit[:200]!r}: no such file; point it at a lifeboat.yaml or unset it")
         return p
-    for p in (Path("lifeboat.yaml"), Path.home() / ".config" / "lifeboat" / "lifeboat.yaml"):
+    try:
+        home: list[Path] = [Path.home() / ".config" / "lifeboat" / "lifeboat.yaml"]
+    except RuntimeError:  # no HOME and no passwd entry: only ./lifeboat.yaml can be found
+        home = []
+    for p in (Path("lifeboat.yaml"), *home):
         if p.is_file():
             return p
     return None
@@ -313,13 +371,19 @@ def find_config_file(env: Mapping[str, str] | None = None) -> Path | None:
 
 def read_config_file(path: Path) -> Any:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the config file ({e.strerror}); check the path and permissions") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (bad byte at offset {e.start}); save the file as UTF-8") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({e}); fix the syntax at the position shown") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply; lifeboat.yaml needs at most three levels") from None
+    except ValueError as e:  # PyYAML's int(): a numeral of more than 4300 digits
+        raise ConfigError(f"{path}: a value cannot be read ({str(e)[:120]}); use a number of normal length") from None
 
 
 def apply_overrides(settings: Settings, overrides: Mapping[str, Any], source: str = "overrides") -> Settings:
@@ -327,16 +391,20 @@ def apply_overrides(settings: Settings, overrides: Mapping[str, Any], source: st
 
     Used for SGLang's `--hicache-storage-backend-extra-config`, where keys are usually flat.
     """
+    if overrides is None:
+        return settings
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"{source}: expected a mapping of lifeboat.yaml keys, got {_show(overrides)}")
     if not overrides:
         return settings
+    _check_keys(overrides, _TOP_KEYS | _ENGINE_KEYS, source)
     engine_fields = {k: v for k, v in overrides.items() if k in _ENGINE_KEYS}
-    nested = dict(overrides.get("engine") or {})
+    engine_raw = overrides.get("engine")
+    if engine_raw is not None and not isinstance(engine_raw, Mapping):
+        raise ConfigError(f"{source}.engine: expected a mapping such as {{\"io_workers\": 4}}, "
+                          f"got {_show(engine_raw)}")
+    nested = dict(engine_raw or {})
     nested.update(engine_fields)
-    unknown = set(overrides) - _TOP_KEYS - _ENGINE_KEYS
-    if unknown:
-        raise ConfigError(
-            f"{source}: unknown key(s) {', '.join(sorted(unknown))}; allowed are "
-            f"{', '.join(sorted(_TOP_KEYS | _ENGINE_KEYS))}")
     out = settings
     if nested:
         base = {k: getattr(settings.engine, k) for k in ("io_workers", "compression", "failure_cooldown_s",
@@ -361,11 +429,16 @@ def load_settings(
     *,
     overrides: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    overrides_source: str = "overrides",
 ) -> Settings:
-    """Load settings from `path`, else the usual lookup order, then apply `overrides`."""
+    """Load settings from `path`, else the usual lookup order, then apply `overrides`.
+
+    Raises ConfigError (only) for a bad file, override or LIFEBOAT_CONFIG; its message names the
+    source (`overrides_source` for `overrides`), the key and the fix.
+    """
     p = Path(path) if path is not None else find_config_file(env)
     if p is None:
         settings = Settings(storage=default_storage())
     else:
         settings = settings_from_dict(read_config_file(p), source=str(p))
-    return apply_overrides(settings, overrides or {})
+    return apply_overrides(settings, overrides if overrides is not None else {}, overrides_source)

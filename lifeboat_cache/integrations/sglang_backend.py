@@ -49,6 +49,7 @@ from ..config import ConfigError, load_settings
 from ..keys import namespace_fingerprint
 from ..runtimes.cuda import parse_zero_copy
 from ..store import ChunkStore
+from .sglang_checks import MAX_CALL_PAGES, BadCall, check_extra_info, check_indices, check_keys, check_pages, count
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ SGLANG_KEYS = frozenset({
     "prefetch_timeout_base", "prefetch_timeout_per_ki_token", "hicache_storage_pass_prefix_keys",
     "tp_lcm_size", "file_storage_path",
 })
+EXTRA_CONFIG = "--hicache-storage-backend-extra-config"  # names the source in ConfigError messages
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _METRIC_SAMPLES = 4096  # per-call samples kept for get_stats() between two scrapes
 
@@ -147,18 +149,26 @@ class _Pool:
 
 
 def _guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Never raise into SGLang: an unexpected error returns `fallback(*args)` (misses)."""
+    """Never raise into SGLang: bad arguments or an unexpected error return `fallback(*args)`
+    ("nothing done"). A fallback is written not to raise; if the arguments are so broken that it
+    does, `fallback()` (no arguments: the empty answer) is returned instead."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def nothing_done(args: tuple, kwargs: dict) -> Any:
+            try:
+                return fallback(*args, **kwargs)
+            except Exception:  # e.g. keyword arguments SGLang's signature does not have
+                return fallback()
+
         @functools.wraps(fn)
         def wrapper(self: "LifeboatHiCacheStorage", *args: Any, **kwargs: Any) -> Any:
             try:
                 if self._closed:
-                    return fallback(*args, **kwargs)
+                    return nothing_done(args, kwargs)
                 return fn(self, *args, **kwargs)
             except Exception as e:
                 self._failed(fn.__name__, e)
-                return fallback(*args, **kwargs)
+                return nothing_done(args, kwargs)
         return wrapper
     return deco
 
@@ -167,12 +177,30 @@ def _leading(hits: Sequence[bool]) -> int:
     return hits.index(False) if False in hits else len(hits)
 
 
-def _no_pages(keys: Sequence[str], *_: Any, **__: Any) -> list[bool]:
-    return [False] * len(keys)
+def _no_pages(keys: Any = None, *_: Any, **__: Any) -> list[bool]:
+    return [False] * count(keys)
 
 
-def _no_transfers(transfers: Sequence[PoolTransfer], *_: Any, **__: Any) -> dict[str, list[bool]]:
-    return {t.name: [False] * len(t.keys or ()) for t in transfers}
+def _no_transfers(transfers: Any = None, *_: Any, **__: Any) -> dict[str, list[bool]]:
+    out: dict[str, list[bool]] = {}
+    for t in transfers if isinstance(transfers, (list, tuple)) else ():
+        if isinstance(t, PoolTransfer):
+            try:
+                out[t.name] = [False] * count(t.keys)
+            except TypeError:  # an unhashable name
+                continue
+    return out
+
+
+def _check_indices(pool: _Pool, host_indices: Any, n: int) -> None:
+    """Whole pages of this pool only (sglang_checks.check_indices); capacity in logical slots."""
+    capacity = getattr(pool.host, "logical_size", None) or getattr(pool.host, "size", None)
+    check_indices(host_indices, n, pool.page_size, capacity, pool.page_bytes,
+                  lambda s: sum(t.numel() * t.element_size() for t in _page_tensors(pool.host, s)))
+
+
+def _check_pages(pool: _Pool, tensors: Any, n: int, what: str, writable: bool = False) -> None:
+    check_pages(tensors, n, pool.page_bytes, what, writable, _INT_OF_WIDTH)
 
 
 class LifeboatHiCacheStorage(HiCacheStorage):
@@ -182,9 +210,11 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         self._closed = True  # until the store is open
         self.config = storage_config
         extra = storage_config.extra_config if storage_config.extra_config is not None else {}
+        if not isinstance(extra, dict):
+            raise ConfigError(f"{EXTRA_CONFIG}: expected a JSON object, got {type(extra).__name__}")
         ours = {k: v for k, v in extra.items() if k not in SGLANG_KEYS}
         affinity_chunks = ours.pop("affinity_chunks", None)
-        settings = load_settings(overrides=ours)
+        settings = load_settings(overrides=ours, overrides_source=EXTRA_CONFIG)
         self.affinity_chunks = self._affinity_chunks(affinity_chunks, settings.storage[0].affinity_chunks)
         self.trace = settings.engine.trace  # one line per SGLang call, so the store's own trace is off
         self.model_id = settings.model_id or storage_config.model_name or ""
@@ -214,7 +244,9 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"extra-config affinity_chunks: expected an integer >= 1, got {value!r}")
+            shown = "a number below 1" if isinstance(value, int) else f"a {type(value).__name__}"
+            raise ConfigError(f"{EXTRA_CONFIG}.affinity_chunks: expected an integer >= 1 "
+                              f"(pages of a dialog that choose its drive), got {shown}")
         return value
 
     # ------------------------------------------------------------------ registration
@@ -263,66 +295,81 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         return pool
 
     # ------------------------------------------------------------------ KV pages (v1 and copying)
-    @_guarded(lambda keys, *a, **k: 0)
+    @_guarded(lambda *a, **k: 0)
     def batch_exists(self, keys: list[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        check_keys(keys)
         t0 = time.perf_counter()
         n = self.store.exists(self._pool(PoolName.KV).ns, keys)
         self._trace("batch_exists", t0, len(keys), n)
         return n
 
-    @_guarded(lambda key, *a, **k: False)
+    @_guarded(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
+        check_keys([key], "key")
         return self.store.contains(self._pool(PoolName.KV).ns, [key])[0]
 
     @_guarded(_no_pages)
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> list[bool]:
-        return self._write(self._pool(PoolName.KV), keys, host_indices, extra_info, "batch_set_v1")
+        pool = self._pool(PoolName.KV)
+        _check_indices(pool, host_indices, len(check_keys(keys)))
+        check_extra_info(extra_info)
+        return self._write(pool, keys, host_indices, extra_info, "batch_set_v1")
 
     @_guarded(_no_pages)
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> list[bool]:
-        return self._read(self._pool(PoolName.KV), keys, host_indices, "batch_get_v1")
+        pool = self._pool(PoolName.KV)
+        _check_indices(pool, host_indices, len(check_keys(keys)))
+        return self._read(pool, keys, host_indices, "batch_get_v1")
 
-    @_guarded(lambda keys, *a, **k: False)
+    @_guarded(lambda *a, **k: False)
     def batch_set(self, keys: list[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:
         """Copying interface: `values` are SGLang's flat page copies (get_data_page(idx))."""
-        if values is None or len(values) != len(keys):
-            return False
-        t0 = time.perf_counter()
         pool = self._pool(PoolName.KV)
+        _check_pages(pool, values, len(check_keys(keys)), "values")
+        t0 = time.perf_counter()
         ok = self.store.put(pool.ns, keys, [_np(v.contiguous()) for v in values])
         self._record("backup", t0, sum(ok), pool.page_bytes)
         self._trace("batch_set", t0, len(keys), sum(ok))
         return all(ok)
 
-    @_guarded(lambda keys, *a, **k: [None] * len(keys))
+    @_guarded(lambda keys=None, *a, **k: [None] * count(keys))
     def batch_get(self, keys: list[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> list[Optional[torch.Tensor]]:
         """Copying interface: decode into SGLang's flat dummy pages; None per miss."""
-        if target_locations is None or len(target_locations) != len(keys):
-            return [None] * len(keys)
-        t0 = time.perf_counter()
         pool = self._pool(PoolName.KV)
+        _check_pages(pool, target_locations, len(check_keys(keys)), "target_locations", writable=True)
+        t0 = time.perf_counter()
         ok = self.store.get_into(pool.ns, keys, [_np(t) for t in target_locations])
         self._record("prefetch", t0, _leading(ok), pool.page_bytes)
         self._trace("batch_get", t0, len(keys), sum(ok))
         return [t if good else None for t, good in zip(target_locations, ok)]
 
+    @_guarded(lambda *a, **k: False)
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> bool:
         return self.batch_set([key], None if value is None else [value])
 
+    @_guarded(lambda *a, **k: None)
     def get(self, key: str, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> Optional[torch.Tensor]:
         return self.batch_get([key], None if target_location is None else [target_location])[0]
 
     # ------------------------------------------------------------------ hybrid-model pools (v2)
-    @_guarded(lambda keys, *a, **k: PoolTransferResult.empty())
+    @_guarded(lambda *a, **k: PoolTransferResult.empty())
     def batch_exists_v2(self, keys: list[str], pool_transfers: Optional[list[PoolTransfer]] = None,
                         extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
         """Longest KV prefix for which every pool it needs is present (all-or-nothing)."""
+        check_keys(keys)
+        if pool_transfers is not None and not isinstance(pool_transfers, (list, tuple)):
+            raise BadCall(f"pool_transfers: expected a list, got {type(pool_transfers).__name__}")
+        for t in pool_transfers or []:
+            if not isinstance(t, PoolTransfer):
+                raise BadCall(f"pool_transfers: expected PoolTransfer items, got {type(t).__name__}")
+            if t.keys is not None:
+                check_keys(t.keys, "pool_transfers[].keys")
         t0 = time.perf_counter()
         kv = _leading(self.store.contains(self._pool(PoolName.KV).ns, keys))
         hits: dict[Any, int] = {PoolName.KV: kv} if kv else {}
@@ -350,14 +397,31 @@ class LifeboatHiCacheStorage(HiCacheStorage):
     @_guarded(_no_transfers)
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, list[bool]]:
+        self._check_transfers(transfers)
+        check_extra_info(extra_info)
         return {t.name: self._write(self._pool(t.name), t.keys or [], t.host_indices, extra_info,
                                     f"batch_set_v2[{t.name}]") for t in transfers}
 
     @_guarded(_no_transfers)
     def batch_get_v2(self, transfers: list[PoolTransfer],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, list[bool]]:
+        self._check_transfers(transfers)
         return {t.name: self._read(self._pool(t.name), t.keys or [], t.host_indices,
                                    f"batch_get_v2[{t.name}]") for t in transfers}
+
+    def _check_transfers(self, transfers: Any) -> None:
+        """Every transfer is checked before any is done, so a bad one cannot leave half a call done."""
+        if not isinstance(transfers, (list, tuple)) or len(transfers) > MAX_CALL_PAGES:
+            raise BadCall(f"transfers: expected a list of PoolTransfer, got {type(transfers).__name__}")
+        names = set()
+        for t in transfers:
+            if not isinstance(t, PoolTransfer):
+                raise BadCall(f"transfers: expected PoolTransfer items, got {type(t).__name__}")
+            names.add(t.name)  # an unhashable name raises TypeError: the guard's business
+            keys = check_keys(t.keys or [], f"transfers[{str(t.name)!r}].keys")
+            _check_indices(self._pool(t.name), t.host_indices, len(keys))
+        if len(names) != len(transfers):
+            raise BadCall("transfers: one pool named twice")
 
     # ------------------------------------------------------------------ shared I/O paths
     def _write(self, pool: _Pool, keys: Sequence[str], host_indices: Optional[torch.Tensor],
@@ -413,13 +477,20 @@ class LifeboatHiCacheStorage(HiCacheStorage):
             self._metrics[f"{kind}_bandwidth"].append(pages * page_bytes / dt / 1e9 if dt > 0 else 0.0)
 
     def _failed(self, what: str, err: Exception) -> None:
-        self.store.counters.add("sglang_call_errors")
-        now = time.monotonic()
-        if now >= self._quiet_until:
-            self._quiet_until = now + self._quiet_s
-            log.warning("lifeboat: %s failed (%s: %s); it returns misses. Next report in %.0f s at the earliest",
-                        what, type(err).__name__, err, self._quiet_s, exc_info=True)
+        """Count and log (at most once per failure_cooldown_max_s) a call that did nothing."""
+        try:
+            bad = isinstance(err, BadCall)
+            self.store.counters.add("sglang_bad_calls" if bad else "sglang_call_errors")
+            now = time.monotonic()
+            if now >= self._quiet_until:
+                self._quiet_until = now + self._quiet_s
+                log.warning("lifeboat: %s %s (%s: %s); it did nothing. Next report in %.0f s at the earliest",
+                            what, "called with bad arguments" if bad else "failed", type(err).__name__,
+                            str(err)[:300], self._quiet_s, exc_info=not bad)
+        except Exception:  # noqa: BLE001 - reporting must not raise into SGLang either
+            pass
 
+    @_guarded(lambda *a, **k: None)
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics: pages and GB/s per call since the last scrape."""
         try:
@@ -434,6 +505,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
             self._failed("get_stats", e)
             return None
 
+    @_guarded(lambda *a, **k: None)
     def clear(self) -> None:
         """Not supported: the store may be shared by other ranks, servers and hosts."""
         log.warning("lifeboat: clear is not supported (the store may be shared); "
