@@ -115,11 +115,13 @@ def _dir_dtype(arena_len: int) -> type:
 class Index:
     """Thread-safe map of int64 keys to Locs. Write-then-index: insert only after the bytes are written."""
 
+    _initial_cap = _DEFAULT_CAP  # entries reserved per region; a subclass may start smaller (tests)
+
     def __init__(self, delta_limit: int | None = None) -> None:
         self._fixed_limit = delta_limit
         self._wlock = threading.RLock()
         self._mlock = threading.Lock()
-        self._reset(_DEFAULT_CAP)
+        self._reset(self._initial_cap)
 
     def _reset(self, cap: int) -> None:
         arena = _Arena(cap)
@@ -386,7 +388,7 @@ class Index:
         with self._mlock, self._wlock:
             self._epoch += 1
             merger = self._merger
-            self._reset(_DEFAULT_CAP)
+            self._reset(self._initial_cap)
             self._merger = merger  # a running merger finds no frozen delta and exits
             self._epoch += 1
 
