@@ -30,6 +30,7 @@ import math
 import mmap
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -51,6 +52,7 @@ _MIN_W = 8
 _DEFAULT_CAP = 1 << 21             # entries reserved per region (17 regions: 32M entries, ~0.8 GB virtual)
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 _MISSING = object()
+_CHUNK = 4096                       # delta entries converted per GIL release
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,21 +304,29 @@ class Index:
                     if not frozen:
                         return
                     f = frozen[-1]
-                items = sorted(f.items())
-                keys = np.fromiter((k for k, _ in items), dtype=np.int64, count=len(items))
-                units = np.fromiter((v.unit if v is not None else 0 for _, v in items), dtype=np.uint32,
-                                    count=len(items))
-                offs = np.fromiter((v.offset if v is not None else 0 for _, v in items), dtype=np.uint64,
-                                   count=len(items))
-                lens = np.fromiter((v.length if v is not None else 0 for _, v in items), dtype=np.uint32,
-                                   count=len(items))
-                live = np.fromiter((v is not None for _, v in items), dtype=bool, count=len(items))
+                keys, units, offs, lens, live = self._delta_arrays(f)
                 self._merge_sorted(*self._sorted_mixed(keys, units, offs, lens, live), if_absent=False)
                 with self._wlock:
                     active, frozen = self._deltas
                     assert frozen[-1] is f
                     self._deltas = (active, frozen[:-1])
                 self._rebits()
+
+    @staticmethod
+    def _delta_arrays(f: dict[int, Loc | None]) -> tuple[np.ndarray, ...]:
+        """A frozen delta as arrays, in small chunks that each end with a GIL release (sleep(0)):
+        readers in other threads then wait for this thread at most one chunk, not a switch interval."""
+        items = list(f.items())
+        n = len(items)
+        keys = np.empty(n, dtype=np.int64)
+        rows = np.empty((n, 4), dtype=np.uint64)
+        for a in range(0, n, _CHUNK):
+            c = items[a:a + _CHUNK]
+            keys[a:a + len(c)] = [k for k, _ in c]
+            rows[a:a + len(c)] = [(0, 0, 0, 0) if v is None else (1, v.unit, v.offset, v.length) for _, v in c]
+            time.sleep(0)
+        return (keys, rows[:, 1].astype(np.uint32), rows[:, 2].copy(), rows[:, 3].astype(np.uint32),
+                rows[:, 0] == 1)
 
     def settle(self) -> None:
         """Merge all pending deltas now (tests, benchmarks); lookups never need it."""
