@@ -339,8 +339,12 @@ class Index:
     @staticmethod
     def _sorted_mixed(keys: np.ndarray, *cols: np.ndarray) -> tuple[np.ndarray, ...]:
         x = _mix(keys)
-        order = np.argsort(x, kind="stable")
-        return (x[order],) + tuple(c[order] for c in cols)
+        order = np.argsort(x)
+        x = x[order]
+        if len(x) > 1 and (x[1:] == x[:-1]).any():  # duplicates: their input order must survive
+            order = np.argsort(_mix(keys), kind="stable")
+            x = _mix(keys)[order]
+        return (x,) + tuple(c[order] for c in cols)
 
     def insert_arrays(self, keys: np.ndarray, units: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
                       *, if_absent: bool = True) -> None:
@@ -355,8 +359,8 @@ class Index:
         if not len(keys):
             return
         x, units, offsets, lengths = self._sorted_mixed(keys, units, offsets, lengths)
-        if len(x) > 1:
-            last = np.append(x[1:] != x[:-1], True)  # stable sort: the last duplicate is the latest
+        if len(x) > 1 and (dup := x[1:] == x[:-1]).any():
+            last = np.append(~dup, True)  # stable sort: the last duplicate is the latest
             x, units, offsets, lengths = x[last], units[last], offsets[last], lengths[last]
         with self._mlock:
             self._merge_sorted(x, units, offsets, lengths, np.ones(len(x), dtype=bool), if_absent=if_absent,
@@ -469,25 +473,29 @@ class Index:
                 dx, du, do, dl, dlive, pos, match = (c[fresh] for c in (dx, du, do, dl, dlive, pos, match))
             keep[pos[match]] = False
         ax = dx[dlive]
-        nk = ok[keep]
-        at = np.searchsorted(nk, ax)
-        new = [np.insert(nk, at, ax),
-               np.insert(ou[keep], at, du[dlive]),
-               np.insert(a.offsets[base:base + cnt][keep], at, do[dlive]),
-               np.insert(a.lengths[base:base + cnt][keep], at, dl[dlive])]
-        del nk, ok, ou, keep
-        n_new = len(new[0])
-        starts, wneed = self._buckets(new[0], s, m.bits)
+        compact = not keep.all()
+        olds = [c[base:base + cnt] for c in (a.keys, a.units, a.offsets, a.lengths)]
+        if compact:
+            olds = [c[keep] for c in olds]
+        del ok, ou, keep
+        n_old, n_add = len(olds[0]), len(ax)
+        at = np.searchsorted(olds[0], ax)                     # ax and the kept keys are disjoint
+        new_pos = at + np.arange(n_add)
+        old_pos = np.arange(n_old) + np.cumsum(np.bincount(at, minlength=n_old + 1))[:n_old]
+        n_new = n_old + n_add
+        starts, wneed = self._buckets_of(olds[0], ax, s, m.bits)
         w = max(self._pad_w, wneed)
         if max([n_new] + self._count) + w > a.cap:
             self._grow(max([n_new] + self._count) + w)
-            m, a = self._main, self._main.arena
+            m, a = self._main, self._main.arena  # `olds` still view the old arena, which stays intact
         sp = self._spare
         sb = sp * a.cap
         self._epoch += 1  # a reader that started before may still be reading the spare's old contents
-        for col, vals in zip((a.keys, a.units, a.offsets, a.lengths), new):
-            col[sb:sb + n_new] = vals
-        del new
+        for col, vals, add in zip((a.keys, a.units, a.offsets, a.lengths), olds, (ax, du[dlive], do[dlive], dl[dlive])):
+            dst = col[sb:sb + n_new]
+            dst[old_pos] = vals
+            dst[new_pos] = add
+        del olds
         self._pad(a, s, sp, n_new, 0, w)
         with self._wlock:
             dead = self._apply_drops(a, [(sp, n_new)], mark, w)
@@ -500,6 +508,15 @@ class Index:
             self._region[s], self._spare = sp, old
             self._count[s], self._dead[s] = n_new, dead
             self._drops = []
+
+    @staticmethod
+    def _buckets_of(old: np.ndarray, add: np.ndarray, s: int, bits: int) -> tuple[np.ndarray, int]:
+        """`_buckets` of the merge of two disjoint sorted key arrays, without merging them."""
+        bps = 1 << (bits - _SHARD_BITS)
+        cnt = np.bincount((old >> np.uint64(64 - bits)).astype(np.int64) - s * bps, minlength=bps)
+        cnt += np.bincount((add >> np.uint64(64 - bits)).astype(np.int64) - s * bps, minlength=bps)
+        starts = np.concatenate(([0], np.cumsum(cnt)[:-1]))
+        return starts, max(int(cnt.max()) if len(cnt) else 0, 1)
 
     def _buckets(self, xs: np.ndarray, s: int, bits: int) -> tuple[np.ndarray, int]:
         """First position of every directory bucket of shard s in its sorted keys, and the largest bucket."""

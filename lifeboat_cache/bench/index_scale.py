@@ -104,11 +104,12 @@ def measure(n: int, quick: bool = False, impl: str | None = None) -> dict[str, A
     bulk_peak = (_peak() - base) / n if can_peak else float("nan")
     est_bulk = ix.memory_bytes() / n
 
-    idle = []
+    idle, idle_cpu = [], []
     for q in queries:
-        t = time.perf_counter()
+        c, t = time.thread_time(), time.perf_counter()
         hit = ix.contains(q)
         idle.append(time.perf_counter() - t)
+        idle_cpu.append(time.thread_time() - c)
     assert hit.all()
 
     # a writer fills while a reader looks up; RSS sampled as it grows
@@ -154,6 +155,7 @@ def measure(n: int, quick: bool = False, impl: str | None = None) -> dict[str, A
         "pages": n,
         "bulk_insert_s": bulk_s,
         "exists_idle_p50_ms": _pcts(idle)["p50"], "exists_idle_p99_ms": _pcts(idle)["p99"],
+        "exists_idle_cpu_p99_ms": _pcts(idle_cpu)["p99"],
         "exists_writer_p50_ms": _pcts(busy)["p50"], "exists_writer_p99_ms": _pcts(busy)["p99"],
         "max_stall_ms": _pcts(busy)["max"],
         "writer_inserts_per_s": extra / write_s, "writer_inserts": extra, "lookups_with_writer": len(busy),
@@ -178,6 +180,7 @@ def _child(n: int, quick: bool, impl: str | None) -> dict[str, Any]:
 
 COLUMNS = [("pages", "pages", "{:,}"), ("bulk_insert_s", "bulk s", "{:.2f}"),
            ("exists_idle_p50_ms", "idle p50 ms", "{:.3f}"), ("exists_idle_p99_ms", "idle p99 ms", "{:.3f}"),
+           ("exists_idle_cpu_p99_ms", "idle CPU p99 ms", "{:.3f}"),
            ("exists_writer_p50_ms", "writer p50 ms", "{:.3f}"), ("exists_writer_p99_ms", "writer p99 ms", "{:.3f}"),
            ("max_stall_ms", "max ms", "{:.1f}"), ("writer_inserts_per_s", "ins/s", "{:,.0f}"),
            ("B_per_page_after_bulk", "B/pg bulk", "{:.1f}"), ("B_per_page_bulk_peak", "B/pg bulk peak", "{:.1f}"),
@@ -204,10 +207,11 @@ def run(sizes: Sequence[int] = (10_000, 100_000, 1_000_000, 10_000_000), quick: 
         rows.append(r)
         log.info("index scale: %s", r)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-    print(f"Index scale ({machine}; exists = contains of {BATCH} stored keys; writer: Index.insert, "
+    load = os.getloadavg()[0]
+    print(f"Index scale ({machine}, load {load:.1f}; wall-clock percentiles include time the OS ran others; exists = contains of {BATCH} stored keys; writer: Index.insert, "
           f"{WRITER_BATCH} per {WRITER_PAUSE_S * 1e3:.1f} ms pause)")
     print(table(rows))
-    return {"machine": machine, "rows": rows}
+    return {"machine": machine, "load_avg_1min": load, "rows": rows}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
