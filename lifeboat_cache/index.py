@@ -72,6 +72,14 @@ def _unmix(x: np.ndarray) -> np.ndarray:
     return (x * np.uint64(_UNMIX)).view(np.int64)
 
 
+def _member(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """values[i] in pool, by binary search (np.isin can take seconds on wide-range int64 keys)."""
+    if not len(pool):
+        return np.zeros(len(values), dtype=bool)
+    pool = np.sort(pool)
+    return pool[np.minimum(np.searchsorted(pool, values), len(pool) - 1)] == values
+
+
 def _reserve(n: int, dtype: type) -> np.ndarray:
     """A zero-filled array whose pages become resident only when written."""
     size = max(n * np.dtype(dtype).itemsize, 1)
@@ -180,7 +188,7 @@ class Index:
             special |= f.keys() & ql
         if not special:
             return np.empty(0, dtype=np.int64)
-        return np.flatnonzero(np.isin(keys, np.fromiter(special, dtype=np.int64, count=len(special))))
+        return np.flatnonzero(_member(keys, np.fromiter(special, dtype=np.int64, count=len(special))))
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         """Per-key presence for an int64 array; no I/O, no side effects, no lock."""
@@ -627,7 +635,7 @@ class Index:
         keys = _unmix(x)
         if merged:
             dk = np.fromiter(merged.keys(), dtype=np.int64, count=len(merged))
-            drop = np.isin(keys, dk)
+            drop = _member(keys, dk)
             if drop.any():
                 keep = ~drop
                 keys, units, offs, lens = keys[keep], units[keep], offs[keep], lens[keep]
