@@ -47,7 +47,9 @@ _SHARD_BITS = 4
 _NSHARDS = 1 << _SHARD_BITS
 _MIX = 0x9E3779B97F4A7C15          # odd, so multiplying mod 2**64 is a bijection
 _UNMIX = pow(_MIX, -1, 1 << 64)
-_PER_BUCKET = 4                    # directory: ~4-8 entries per bucket
+_PER_BUCKET = 4                    # directory: ~2-4 entries per bucket
+_SIZE_BITS = 6                     # a directory entry's low bits: its bucket's size, so a lookup reads
+_SIZE_CAP = (1 << _SIZE_BITS) - 1  # only as wide a window as its largest bucket (cap: use the global w)
 _MIN_W = 8
 _DEFAULT_CAP = 1 << 21             # entries reserved per region (17 regions: 32M entries, ~0.8 GB virtual)
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
@@ -115,11 +117,24 @@ class _Main:
         self.dir = directory
         self.bits = bits
         self.shift = np.uint64(64 - bits)
-        self.win = win  # (w, arange(w)): read as one attribute so both always match
+        self.win = win  # (w, rows of w keys): read as one attribute so both always match
+
+
+def _window(a: "_Arena", w: int) -> tuple[int, np.ndarray]:
+    """(w, view of the key arena as overlapping rows of w keys): row i = keys[i:i+w], no copy."""
+    n = len(a.keys) - w + 1
+    return w, np.lib.stride_tricks.as_strided(a.keys, shape=(n, w), strides=(a.keys.itemsize,) * 2,
+                                              writeable=False)
 
 
 def _dir_dtype(arena_len: int) -> type:
-    return np.uint32 if arena_len < 2**32 else np.int64
+    return np.uint32 if arena_len << _SIZE_BITS < 2**32 else np.uint64
+
+
+def _dir_entries(starts: np.ndarray, sizes: np.ndarray, base: int, dtype: type) -> np.ndarray:
+    """Directory entries: first position << _SIZE_BITS | bucket size (capped), one atomic word each."""
+    return ((starts.astype(np.uint64) + np.uint64(base)) << np.uint64(_SIZE_BITS)
+            | np.minimum(sizes, _SIZE_CAP).astype(np.uint64)).astype(dtype)
 
 
 class Index:
@@ -141,8 +156,9 @@ class Index:
         self._spare = _NSHARDS
         self._spare_used = 0                   # entries written in the spare region (still resident)
         self._drops: list[int] = []            # units dropped since the last publish
-        directory = np.array([s * cap for s in range(_NSHARDS)], dtype=_dir_dtype((_NSHARDS + 1) * cap))
-        win = (_MIN_W, np.arange(_MIN_W, dtype=np.int64))
+        directory = _dir_entries(np.arange(_NSHARDS) * cap, np.zeros(_NSHARDS, np.int64), 0,
+                                 _dir_dtype((_NSHARDS + 1) * cap))
+        win = _window(arena, _MIN_W)
         for s in range(_NSHARDS):
             self._pad(arena, s, s, 0, 0, _MIN_W)
         self._pad_w = _MIN_W                   # every region is padded this far (never shrinks)
@@ -157,13 +173,15 @@ class Index:
         while True:
             epoch = self._epoch
             m = self._main
-            w, ar = m.win
+            _, rows = m.win
             a = m.arena
-            lo = m.dir[x >> m.shift]
-            eq = a.keys[lo[:, None] + ar] == x[:, None]
+            lo = (m.dir[x >> m.shift] >> _SIZE_BITS).astype(np.int64)
+            eq = rows[lo] == x[:, None]  # one contiguous w-wide row per key: a memcpy, not w gathers
             pos = lo + eq.argmax(axis=1)
-            units = a.units[pos]
-            hit = eq.any(axis=1) & (units != DEAD)
+            hit = eq.any(axis=1)
+            if want_loc or any(self._dead):
+                units = a.units[pos]
+                hit &= units != DEAD
             locs = (units, a.offsets[pos], a.lengths[pos]) if want_loc else None
             if self._epoch == epoch:
                 return hit, locs
@@ -491,7 +509,8 @@ class Index:
         new_pos = at + np.arange(n_add)
         old_pos = np.arange(n_old) + np.cumsum(np.bincount(at, minlength=n_old + 1))[:n_old]
         n_new = n_old + n_add
-        starts, wneed = self._buckets_of(olds[0], ax, s, m.bits)
+        starts, sizes = self._buckets_of(olds[0], ax, s, m.bits)
+        wneed = max(int(sizes.max()), 1)
         w = max(self._pad_w, wneed)
         if max([n_new] + self._count) + w > a.cap:
             self._grow(max([n_new] + self._count) + w)
@@ -510,7 +529,7 @@ class Index:
             self._widen(w, wneed)
             self._epoch += 1
             bps = 1 << (m.bits - _SHARD_BITS)
-            m.dir[s * bps:(s + 1) * bps] = starts + sb
+            m.dir[s * bps:(s + 1) * bps] = _dir_entries(starts, sizes, sb, m.dir.dtype)
             old = self._region[s]
             self._spare_used = self._count[s] + self._pad_w
             self._region[s], self._spare = sp, old
@@ -518,21 +537,15 @@ class Index:
             self._drops = []
 
     @staticmethod
-    def _buckets_of(old: np.ndarray, add: np.ndarray, s: int, bits: int) -> tuple[np.ndarray, int]:
-        """`_buckets` of the merge of two disjoint sorted key arrays, without merging them."""
+    def _buckets_of(old: np.ndarray, add: np.ndarray, s: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+        """First position and size of every directory bucket of shard s in the merge of two disjoint
+        sorted key arrays (without merging them)."""
         bps = 1 << (bits - _SHARD_BITS)
         cnt = np.bincount((old >> np.uint64(64 - bits)).astype(np.int64) - s * bps, minlength=bps)
-        cnt += np.bincount((add >> np.uint64(64 - bits)).astype(np.int64) - s * bps, minlength=bps)
+        if len(add):
+            cnt += np.bincount((add >> np.uint64(64 - bits)).astype(np.int64) - s * bps, minlength=bps)
         starts = np.concatenate(([0], np.cumsum(cnt)[:-1]))
-        return starts, max(int(cnt.max()) if len(cnt) else 0, 1)
-
-    def _buckets(self, xs: np.ndarray, s: int, bits: int) -> tuple[np.ndarray, int]:
-        """First position of every directory bucket of shard s in its sorted keys, and the largest bucket."""
-        bps = 1 << (bits - _SHARD_BITS)
-        g = (xs >> np.uint64(64 - bits)).astype(np.int64) - s * bps
-        starts = np.searchsorted(g, np.arange(bps, dtype=np.int64))
-        sizes = np.diff(np.append(starts, len(xs)))
-        return starts, max(int(sizes.max()) if len(sizes) else 0, 1)
+        return starts, cnt
 
     def _apply_drops(self, a: _Arena, regions: list[tuple[int, int]], mark: int, w: int) -> int:
         """Under _wlock: re-apply drop_unit calls that raced with a copy into these regions.
@@ -555,7 +568,7 @@ class Index:
                 self._pad(m.arena, s, self._region[s], self._count[s], self._pad_w, pad_w)
             self._pad_w = pad_w
         if win > m.win[0]:
-            m.win = (win, np.arange(win, dtype=np.int64))
+            m.win = _window(m.arena, win)
 
     def _grow(self, need: int) -> None:
         """Under _mlock: copy main into a larger arena (past _DEFAULT_CAP entries per shard only; rare)."""
@@ -573,35 +586,32 @@ class Index:
             r, cnt = self._region[s], self._count[s]
             for src, dst in zip((a.keys, a.units, a.offsets, a.lengths), (b.keys, b.units, b.offsets, b.lengths)):
                 dst[r * cap:r * cap + cnt + w] = src[r * a.cap:r * a.cap + cnt + w]
-        directory = m.dir.astype(_dir_dtype((_NSHARDS + 1) * cap))
-        bps = 1 << (m.bits - _SHARD_BITS)
-        for s in range(_NSHARDS):
-            sl = directory[s * bps:(s + 1) * bps]
-            sl += np.asarray(self._region[s] * (cap - a.cap), dtype=sl.dtype)
+        directory, _ = self._dir_for(m.bits, b)
         with self._wlock:  # drops were counted by drop_unit; only their marks must reach the copy
             self._apply_drops(b, [(self._region[s], self._count[s]) for s in range(_NSHARDS)], mark, w)
             self._epoch += 1
-            self._main = _Main(b, directory, m.bits, m.win)
+            self._main = _Main(b, directory, m.bits, _window(b, m.win[0]))
             self._spare_used = 0
 
-    def _dir_for(self, bits: int) -> tuple[np.ndarray, int]:
-        """A directory with `bits` for the current regions, and the window it needs."""
-        m = self._main
-        a = m.arena
+    def _dir_for(self, bits: int, a: _Arena | None = None) -> tuple[np.ndarray, int]:
+        """A directory with `bits` for the current regions (of arena a), and the window it needs."""
+        a = a or self._main.arena
         bps = 1 << (bits - _SHARD_BITS)
-        directory = np.empty(_NSHARDS * bps, dtype=m.dir.dtype)
+        dtype = _dir_dtype((_NSHARDS + 1) * a.cap)
+        directory = np.empty(_NSHARDS * bps, dtype=dtype)
         wneed = 1
+        empty = np.empty(0, dtype=np.uint64)
         for s in range(_NSHARDS):
             base = self._region[s] * a.cap
-            starts, wb = self._buckets(a.keys[base:base + self._count[s]], s, bits)
-            directory[s * bps:(s + 1) * bps] = starts + base
-            wneed = max(wneed, wb)
+            starts, sizes = self._buckets_of(a.keys[base:base + self._count[s]], empty, s, bits)
+            directory[s * bps:(s + 1) * bps] = _dir_entries(starts, sizes, base, dtype)
+            wneed = max(wneed, int(sizes.max()))
         return directory, wneed
 
     def _rebits(self, extra: int = 0) -> None:
         """Under _mlock: resize the directory once the index (+ extra coming) has grown or shrunk 2x."""
         total = sum(self._count) + extra
-        want = max(_SHARD_BITS, int(math.log2(total / _PER_BUCKET)) if total >= _PER_BUCKET else 0)
+        want = max(_SHARD_BITS, math.ceil(math.log2(total / _PER_BUCKET)) if total >= _PER_BUCKET else 0)
         if self._main.bits - 1 <= want <= self._main.bits:
             return
         directory, wneed = self._dir_for(want)
@@ -613,7 +623,7 @@ class Index:
         with self._wlock:
             self._widen(wneed, 0)
             self._epoch += 1
-            self._main = _Main(self._main.arena, directory, want, (wneed, np.arange(wneed, dtype=np.int64)))
+            self._main = _Main(self._main.arena, directory, want, _window(self._main.arena, wneed))
 
     # ------------------------------------------------------------------ persistence helpers
     def export(self) -> dict[str, np.ndarray]:
