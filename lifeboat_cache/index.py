@@ -538,7 +538,9 @@ class Index:
         del olds
         self._pad(a, s, sp, n_new, 0, w)
         with self._wlock:
-            dead = self._apply_drops(a, [(sp, n_new)], mark, w)
+            self._apply_drops(a, [(sp, n_new)], mark, w)
+            # count, don't derive: a drop may have marked entries while they were being copied
+            dead = int(np.count_nonzero(a.units[sb:sb + n_new] == DEAD))
             self._widen(w, wneed)
             self._epoch += 1
             bps = 1 << (m.bits - _SHARD_BITS)

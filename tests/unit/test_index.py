@@ -228,7 +228,7 @@ def test_readers_never_see_a_wrong_loc_or_miss_a_settled_key(cls: type[Index]) -
                 if loc != Loc(3, j, 7):
                     errors.append(f"fresh key {j}: {loc}")
             if was_dropped and (hit[-50:].any() or any(x is not None for x in locs[-50:])):
-                errors.append("a dropped unit's key was found")
+                errors.append(f"a dropped unit's key was found: hit {hit[-50:].sum()} locs {[x for x in locs[-50:] if x is not None][:3]} dead {ix._dead}")
 
     threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:
