@@ -271,3 +271,14 @@ def test_sequential_keys_spread_over_the_directory() -> None:
                      np.ones(n, np.uint32))
     assert ix._main.win[0] <= 64
     assert ix.contains(np.arange(-5, n + 5, dtype=np.int64)).sum() == n
+
+
+def test_scale_benchmark_runs_end_to_end() -> None:
+    """The `lifeboat bench` index section, tiny and in-process: it runs and reports every figure."""
+    from lifeboat_cache.bench.index_scale import measure, table
+
+    r = measure(3000, quick=True)
+    assert r["pages"] == 3000 and r["lookups_with_writer"] > 0 and r["writer_inserts"] == 1500
+    assert all(r[k] > 0 for k in ("bulk_insert_s", "exists_idle_p50_ms", "exists_writer_p99_ms",
+                                  "B_per_page_estimate"))
+    assert "| index | 3,000 |" in table([r])
