@@ -9,8 +9,9 @@ copying the whole index at once.
   lives in one region of four column arenas (uint64 key, uint32 unit, uint64 offset, uint32 length:
   24 B per entry). The arenas are anonymous mmaps reserved up front, so only written pages are
   resident and a growing shard is never copied. A directory (top `bits` of the mixed key -> first
-  position) makes a batch lookup one gather of a `w`-wide window per key; `w` copies of each
-  shard's last entry pad its region so a window never reads stale memory.
+  position, ~2-4 entries per bucket) makes a batch lookup one gather of a `w`-key row per key from a
+  strided view of the key arena (`w` = the largest bucket); `w`+ copies of each shard's last entry
+  pad its region so a row never reads stale memory.
 * Deltas: recent changes sit in a dict (`active`; None = removed). A full one is frozen (never
   written again) and merged into main by a short-lived background thread, one shard at a time, into
   the one spare region; the shard's old region becomes the spare. Extra memory during a merge is
@@ -48,8 +49,6 @@ _NSHARDS = 1 << _SHARD_BITS
 _MIX = 0x9E3779B97F4A7C15          # odd, so multiplying mod 2**64 is a bijection
 _UNMIX = pow(_MIX, -1, 1 << 64)
 _PER_BUCKET = 4                    # directory: ~2-4 entries per bucket
-_SIZE_BITS = 6                     # a directory entry's low bits: its bucket's size, so a lookup reads
-_SIZE_CAP = (1 << _SIZE_BITS) - 1  # only as wide a window as its largest bucket (cap: use the global w)
 _MIN_W = 8
 _DEFAULT_CAP = 1 << 21             # entries reserved per region (17 regions: 32M entries, ~0.8 GB virtual)
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
@@ -128,13 +127,12 @@ def _window(a: "_Arena", w: int) -> tuple[int, np.ndarray]:
 
 
 def _dir_dtype(arena_len: int) -> type:
-    return np.uint32 if arena_len << _SIZE_BITS < 2**32 else np.uint64
+    return np.uint32 if arena_len < 2**32 else np.uint64
 
 
-def _dir_entries(starts: np.ndarray, sizes: np.ndarray, base: int, dtype: type) -> np.ndarray:
-    """Directory entries: first position << _SIZE_BITS | bucket size (capped), one atomic word each."""
-    return ((starts.astype(np.uint64) + np.uint64(base)) << np.uint64(_SIZE_BITS)
-            | np.minimum(sizes, _SIZE_CAP).astype(np.uint64)).astype(dtype)
+def _dir_entries(starts: np.ndarray, base: int, dtype: type) -> np.ndarray:
+    """Directory entries: the arena position of each bucket's first entry."""
+    return (starts.astype(np.uint64) + np.uint64(base)).astype(dtype)
 
 
 class Index:
@@ -156,8 +154,7 @@ class Index:
         self._spare = _NSHARDS
         self._spare_used = 0                   # entries written in the spare region (still resident)
         self._drops: list[int] = []            # units dropped since the last publish
-        directory = _dir_entries(np.arange(_NSHARDS) * cap, np.zeros(_NSHARDS, np.int64), 0,
-                                 _dir_dtype((_NSHARDS + 1) * cap))
+        directory = _dir_entries(np.arange(_NSHARDS) * cap, 0, _dir_dtype((_NSHARDS + 1) * cap))
         win = _window(arena, _MIN_W)
         for s in range(_NSHARDS):
             self._pad(arena, s, s, 0, 0, _MIN_W)
@@ -175,7 +172,7 @@ class Index:
             m = self._main
             _, rows = m.win
             a = m.arena
-            lo = (m.dir[x >> m.shift] >> _SIZE_BITS).astype(np.int64)
+            lo = m.dir[x >> m.shift]
             eq = rows[lo] == x[:, None]  # one contiguous w-wide row per key: a memcpy, not w gathers
             pos = lo + eq.argmax(axis=1)
             hit = eq.any(axis=1)
@@ -544,7 +541,7 @@ class Index:
             self._widen(w, wneed)
             self._epoch += 1
             bps = 1 << (m.bits - _SHARD_BITS)
-            m.dir[s * bps:(s + 1) * bps] = _dir_entries(starts, sizes, sb, m.dir.dtype)
+            m.dir[s * bps:(s + 1) * bps] = _dir_entries(starts, sb, m.dir.dtype)
             old = self._region[s]
             self._spare_used = self._count[s] + self._pad_w
             self._region[s], self._spare = sp, old
@@ -619,7 +616,7 @@ class Index:
         for s in range(_NSHARDS):
             base = self._region[s] * a.cap
             starts, sizes = self._buckets_of(a.keys[base:base + self._count[s]], empty, s, bits)
-            directory[s * bps:(s + 1) * bps] = _dir_entries(starts, sizes, base, dtype)
+            directory[s * bps:(s + 1) * bps] = _dir_entries(starts, base, dtype)
             wneed = max(wneed, int(sizes.max()))
         return directory, wneed
 
