@@ -88,7 +88,7 @@ def _reserve(n: int, dtype: type) -> np.ndarray:
         mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE,
                        prot=mmap.PROT_READ | mmap.PROT_WRITE)
     except (OSError, ValueError, AttributeError):  # no anonymous mmap: plain (calloc'd) memory
-        return np.zeros(n, dtype=dtype)
+        return np.zeros(n, dtype=dtype)  # MemoryError if even that is refused (RLIMIT_AS)
     return np.frombuffer(mm, dtype=dtype, count=n)
 
 
@@ -147,7 +147,12 @@ class Index:
         self._reset(self._initial_cap)
 
     def _reset(self, cap: int) -> None:
-        arena = _Arena(cap)
+        try:
+            arena = _Arena(cap)
+        except MemoryError:  # address space limited (ulimit -v): start small, grow by copying
+            log.warning("lifeboat: cannot reserve %d index entries per shard; starting with 65536", cap)
+            cap = 1 << 16
+            arena = _Arena(cap)
         self._region = list(range(_NSHARDS))   # region of each shard
         self._count = [0] * _NSHARDS           # entries of each shard (padding excluded)
         self._dead = [0] * _NSHARDS            # of those, dropped (unit == DEAD)
