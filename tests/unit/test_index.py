@@ -282,3 +282,26 @@ def test_scale_benchmark_runs_end_to_end() -> None:
     assert all(r[k] > 0 for k in ("bulk_insert_s", "exists_idle_p50_ms", "exists_writer_p99_ms",
                                   "B_per_page_estimate"))
     assert "| index | 3,000 |" in table([r])
+
+
+def test_limited_address_space_starts_small_and_still_works(monkeypatch) -> None:
+    """Under `ulimit -v` the 0.8 GB reservation fails: the index starts at 65,536 entries per shard."""
+    import lifeboat_cache.index as index_mod
+
+    real = index_mod._reserve
+
+    def limited(n: int, dtype: type) -> np.ndarray:
+        if n > 17 * 65536:
+            raise MemoryError("address space limit")
+        return real(n, dtype)
+
+    monkeypatch.setattr(index_mod, "_reserve", limited)
+    ix = Index(delta_limit=100)
+    assert ix._main.arena.cap == 65536
+    keys = np.random.default_rng(5).integers(-2**63, 2**63 - 1, 50_000, dtype=np.int64)
+    ix.insert_arrays(keys, np.ones(len(keys), np.uint32), np.zeros(len(keys), np.uint64),
+                     np.ones(len(keys), np.uint32))
+    for k in keys[:500].tolist():
+        ix.insert(k, Loc(2, 1, 1))
+    ix.settle()
+    assert len(ix) == 50_000 and ix.contains(keys).all() and ix.get(int(keys[0])) == Loc(2, 1, 1)
