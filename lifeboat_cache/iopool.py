@@ -2,9 +2,10 @@
 
 Why not `ThreadPoolExecutor`: a tier that hangs (an S3 server that accepts and never answers, a
 frozen NFS server) parks worker threads in a syscall. A fixed pool would then queue every later
-call behind them. `IoPool` keeps `workers` threads and adds threads while all are busy, up to
-`max_workers` (a bound, so a long hang cannot spawn threads without end); extra threads exit
-after `IDLE_EXIT_S` idle. Threads that outlive their call's deadline are counted (`io_overdue`).
+call behind them. `IoPool` keeps `workers` threads and adds one for each thread stuck in a task for
+longer than `stuck_s` (the deadline), up to `max_workers` (a bound, so a long hang cannot spawn
+threads without end); extra threads exit after `IDLE_EXIT_S` idle. A big batch on healthy tiers
+never grows the pool. Threads that outlive their call's deadline are counted (`io_overdue`).
 
 `Gate` protects the caller's buffers: SGLang reuses a page buffer as soon as a call returns with a
 miss, so a task that finishes after the deadline must not write into it (reads), nor read from it
@@ -66,8 +67,11 @@ class Gate:
 class IoPool:
     """Elastic, bounded thread pool (see the module docstring)."""
 
-    def __init__(self, workers: int, *, max_workers: int, counters: Counters, name: str = "lifeboat-io") -> None:
+    def __init__(self, workers: int, *, max_workers: int, counters: Counters, stuck_s: float = 2.0,
+                 name: str = "lifeboat-io") -> None:
         self.workers = max(1, workers)
+        self.stuck_s = stuck_s
+        self._started: dict[int, float] = {}  # thread ident -> when its current task started
         self.max_workers = max(self.workers, max_workers)
         self.counters = counters
         self.name = name
@@ -87,20 +91,28 @@ class IoPool:
     def busy(self) -> int:
         return self._threads - self._idle
 
+    def stuck(self) -> int:
+        """Threads in one task for longer than stuck_s (a hung tier holds them)."""
+        now = time.monotonic()
+        with self._lock:
+            return sum(1 for t in self._started.values() if now - t > self.stuck_s)
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self._shutdown:
             raise RuntimeError("IoPool is shut down")
         fut: Future = Future()
         self._q.put((fut, fn, args))
         with self._lock:
-            spawn = self._idle == 0 and self._threads < self.max_workers
+            now = time.monotonic()
+            stuck = sum(1 for t in self._started.values() if now - t > self.stuck_s)
+            spawn = self._idle == 0 and self._threads < min(self.max_workers, self.workers + stuck)
             if self._idle > 0:
                 self._capped_logged = False
             if spawn:
                 self._threads += 1
                 self._seq += 1
                 seq = self._seq
-            elif self._idle == 0 and not self._capped_logged:
+            elif self._idle == 0 and stuck and not self._capped_logged:
                 self._capped_logged = True
                 log.warning("lifeboat: all %d io threads are busy (a tier hangs?); calls wait for their "
                             "deadline", self._threads)
@@ -130,10 +142,16 @@ class IoPool:
             fut, fn, args = item
             if not fut.set_running_or_notify_cancel():
                 continue
+            me = threading.get_ident()
+            with self._lock:
+                self._started[me] = time.monotonic()
             try:
                 fut.set_result(fn(*args))
             except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
                 fut.set_exception(e)
+            finally:
+                with self._lock:
+                    self._started.pop(me, None)
 
     def run_until(self, fn: Callable[[int], Any], items: Sequence[int], t_end: float, gate: Gate,
                   grace_s: float) -> tuple[list[Future], list[int]]:
@@ -149,8 +167,8 @@ class IoPool:
         if inside:
             pos = {item: k for k, item in enumerate(items)}
             wait_futures([futs[pos[i]] for i in inside if i in pos], timeout=grace_s)
-        late = [k for k, f in enumerate(futs) if not f.done()]
-        self.counters.add("io_overdue", len(late))
+        late = [k for k, f in enumerate(futs) if f in not_done and (f.cancelled() or not f.done())]
+        self.counters.add("io_overdue", sum(1 for f in futs if not f.done()))  # threads still stuck
         return futs, late
 
     def shutdown(self, wait: bool = True, timeout: float = 10.0) -> None:

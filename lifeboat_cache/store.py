@@ -35,20 +35,36 @@ FLUSH_COPY_TIMEOUT_S = 60.0
 CLOSE_COPY_TIMEOUT_S = 30.0
 IO_THREADS_PER_WORKER = 4  # the io pool grows to io_workers * this while tiers hang, no further
 DEADLINE_GRACE_S = 1.0  # after the deadline, wait at most this long for pages mid-copy into buffers
+PROBE_INTERVAL_S = 0.25  # a held (hung) tier is probed this often, from one background thread
 BATCH_WRITE_RECORDS = 256  # pages per object when the first tier stores batches (S3)
 
 
 class Cooldown:
-    """Skip a failing tier for base, 2*base, 4*base ... up to max_s seconds; reset on success."""
+    """Skip a failing tier for base, 2*base, 4*base ... up to max_s seconds; reset on success.
+
+    A tier that missed a call's deadline is also *held*: skipped until a background probe gets an
+    answer from it, however long it hangs, so no later call blocks on it again.
+    """
 
     def __init__(self, name: str, base_s: float, max_s: float) -> None:
         self.name, self.base_s, self.max_s = name, base_s, max_s
         self._lock = threading.Lock()
         self._until = 0.0
         self._streak = 0
+        self._held = False
 
     def active(self) -> bool:
-        return time.monotonic() < self._until
+        return self._held or time.monotonic() < self._until
+
+    def hold(self) -> None:
+        self._held = True
+
+    def release(self) -> None:
+        """The tier answered a probe: end the hold and the cooldown."""
+        with self._lock:
+            self._held = False
+            self._until = 0.0
+            self._streak = 0
 
     def fail(self, what: str, err: BaseException) -> None:
         with self._lock:
@@ -101,8 +117,11 @@ class ChunkStore:
         self.read_cooldowns = [self._cooldown(t, ts, "read") for t, ts in zip(self.tiers, self._tier_settings())]
         self.write_cooldowns = [self._cooldown(t, ts, "write") for t, ts in zip(self.tiers, self._tier_settings())]
         self.deadline_s = eng.deadline_s
+        self._probes: dict[int, int | None] = {}  # held tier level -> a key to probe it with
+        self._prober: threading.Thread | None = None
+        self._probe_lock = threading.Lock()
         self._pool = IoPool(eng.io_workers, max_workers=eng.io_workers * IO_THREADS_PER_WORKER,
-                            counters=self.counters)
+                            counters=self.counters, stuck_s=eng.deadline_s)
         self._closed = False
         # the drive-choice rule of the first multi-drive tier: a dialog's first N pages pick its drive
         self.affinity_chunks = next((ts.affinity_chunks for ts in settings.storage if len(ts.paths) > 1), 1)
@@ -331,7 +350,7 @@ class ChunkStore:
             return self._read_one(ns, int(ik[i]), ds[i], views[i][0], affinity, slot=(gate, i, where))
 
         results = self._map_until(one, list(range(len(keys))), time.monotonic() + self.deadline_s, gate,
-                                  None, "read", where)
+                                  None, "read", where, ikeys=ik)
         n_ok = sum(results)
         self.counters.add("pages_read", n_ok)
         self.counters.add("read_misses", len(keys) - n_ok)
@@ -439,7 +458,7 @@ class ChunkStore:
 
     def _map_until(self, fn: Callable[[int], bool], items: list[int], t_end: float, gate: Gate,
                    cd: Cooldown | None, what: str, where: list[int] | None = None,
-                   pages: Callable[[int], int] | None = None) -> list[bool]:
+                   pages: Callable[[int], int] | None = None, ikeys: np.ndarray | None = None) -> list[bool]:
         """fn over items on the io pool, returning by t_end (the call's deadline): a page not done
         by then is a miss / dropped write, counted, and its tier cools down."""
         if not items:
@@ -457,21 +476,79 @@ class ChunkStore:
                 raise err  # a bug, not storage trouble (that is caught inside fn)
             out.append(bool(f.result()))
         if late:
-            self._overdue(what, [items[k] for k in late], cd, where, pages)
+            self._overdue(what, [items[k] for k in late], cd, where, pages, ikeys)
         return out
 
     def _overdue(self, what: str, late: list[int], cd: Cooldown | None, where: list[int] | None,
-                 pages: Callable[[int], int] | None = None) -> None:
+                 pages: Callable[[int], int] | None = None, ikeys: np.ndarray | None = None) -> None:
         """Pages not done by the deadline: count them and cool down the tier they wait on."""
         err = TimeoutError(f"no answer within the {self.deadline_s:g} s deadline (engine.deadline_s)")
         if what == "write":
             self.counters.add("writes_dropped_deadline", sum(map(pages, late)) if pages else len(late))
             if cd is not None:
                 cd.fail("write", err)
+            self._hold(0, None)
             return
         self.counters.add("read_deadline_misses", len(late))
-        for level in sorted({where[i] for i in late if where is not None and where[i] >= 0}):
+        levels: dict[int, int] = {}
+        for i in late:
+            if where is not None and where[i] >= 0:
+                levels.setdefault(where[i], i)
+        for level, i in levels.items():
             self.read_cooldowns[level].fail("read", err)
+            self._hold(level, int(ikeys[i]) if ikeys is not None else None)
+
+    def _hold(self, level: int, ikey: int | None) -> None:
+        """Skip a tier that missed a deadline until a background probe gets an answer from it."""
+        tier = self.tiers[level]
+        if getattr(tier, "probe", None) is None and ikey is None:
+            return  # nothing to probe it with: the plain cooldown decides
+        with self._probe_lock:
+            if self._closed:
+                return
+            self._probes.setdefault(level, ikey)
+            self.read_cooldowns[level].hold()
+            self.write_cooldowns[level].hold()
+            if self._prober is None or not self._prober.is_alive():
+                self._prober = threading.Thread(target=self._probe_loop, name="lifeboat-probe", daemon=True)
+                self._prober.start()
+
+    def _probe_loop(self) -> None:
+        while not self._closed:
+            with self._probe_lock:
+                todo = list(self._probes.items())
+            if not todo:
+                with self._probe_lock:
+                    if not self._probes:
+                        self._prober = None
+                        return
+            for level, ikey in todo:
+                if self._probe(level, ikey):
+                    with self._probe_lock:
+                        self._probes.pop(level, None)
+                    self.read_cooldowns[level].release()
+                    self.write_cooldowns[level].release()
+                    self.counters.add("tier_recovered")
+                    log.warning("lifeboat: tier %s answers again", self.tiers[level].name)
+            time.sleep(PROBE_INTERVAL_S)
+
+    def _probe(self, level: int, ikey: int | None) -> bool:
+        """One request to a held tier (it may block: this thread only). True when it answered."""
+        tier = self.tiers[level]
+        try:
+            probe = getattr(tier, "probe", None)
+            if probe is not None:
+                probe()
+                return True
+            ref = tier.locate(ikey) if ikey is not None else None
+            if ref is not None:
+                tier.read_into(ref, [memoryview(bytearray(ref.length))])
+            return True
+        except OSError:
+            return False
+        except Exception:  # a bug must not keep the tier held for good
+            log.exception("lifeboat: probing %s failed", tier.name)
+            return True
 
     def wait_rebuilt(self, timeout: float | None = None) -> bool:
         """Block until every tier's background index rebuild is done (tests, CLI)."""
@@ -489,6 +566,7 @@ class ChunkStore:
             "counters": c,
             "compression_ratio": (raw / stored) if stored else None,
             "copy_queue_bytes": self._copier.pending_bytes if self._copier is not None else 0,
+            "io_threads": self._pool.threads, "io_threads_stuck": self._pool.stuck(),
             "tiers": [dict(t.stats(), reads_cooling_down=r.active(), writes_cooling_down=w.active())
                       for t, r, w in zip(self.tiers, self.read_cooldowns, self.write_cooldowns)],
         }

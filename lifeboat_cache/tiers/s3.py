@@ -591,6 +591,11 @@ class S3Tier(SingleIndexTier):
         except OSError as e:
             log.warning("lifeboat: cannot record quarantine on %s: %s", self.name, e)
 
+    def probe(self) -> None:
+        """One small data-path request (a 1-key listing); raises OSError while the server fails or hangs.
+        The store calls it from its probe thread while the tier is held after a missed deadline."""
+        self._call("list_objects_v2", Bucket=self.bucket, Prefix=self.data_prefix, MaxKeys=1)
+
     def records(self) -> Iterator[tuple[int, Ref]]:
         for k, loc in self.index.items():
             yield k, Ref(0, loc)
