@@ -78,6 +78,7 @@ DATA_DIR = "o/"
 QUARANTINE_DIR = "q/"
 OBJECT_SUFFIX = ".lbo"
 LIST_PAGE_KEYS = 1000  # ListObjectsV2 maximum
+FIRST_LIST_PAGE_KEYS = 100  # a listing's first page is small: its pages are served sooner
 DELETE_BATCH_KEYS = 1000  # DeleteObjects maximum
 LISTING_LOOKBACK_S = 120.0  # upload time + clock skew: incremental listings start this far back
 MAX_FUTURE_SKEW_S = 300.0  # a name dated further ahead than this never moves the listing start
@@ -490,7 +491,8 @@ class S3Tier(SingleIndexTier):
 
     def _list_pages(self, prefix: str, start_after: str | None = None) -> Iterator[dict[str, int]]:
         """One dict (name relative to prefix -> size) per ListObjectsV2 page."""
-        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.list_page_keys}
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix,
+                              "MaxKeys": min(FIRST_LIST_PAGE_KEYS, self.list_page_keys)}
         if start_after:
             kw["StartAfter"] = prefix + start_after
         while True:
@@ -499,6 +501,7 @@ class S3Tier(SingleIndexTier):
             if not resp.get("IsTruncated") or not resp.get("NextContinuationToken"):
                 return
             kw["ContinuationToken"] = resp["NextContinuationToken"]
+            kw["MaxKeys"] = self.list_page_keys
 
     def _get_range(self, obj_name: str, first: int, last: int, background: bool = False) -> bytes:
         key = self.data_prefix + obj_name
