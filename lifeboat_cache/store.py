@@ -15,7 +15,6 @@ import hashlib
 import logging
 import threading
 import time
-from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 import numpy as np

@@ -12,9 +12,9 @@ opens a fresh S3 tier on each and measures:
 
 1M-page numbers are EXTRAPOLATED, not measured (the result says so): rebuild = fixed + objects x
 per-object cost, where the per-object cost (listing share + one ranged GET, at io_workers in flight)
-comes from the one-page-per-object run and the fixed cost from the batched run (few objects). moto is a single Python process on the
-same machine: a real S3 or ONTAP endpoint answers ranged GETs with more latency but more parallelism,
-so take the ratios, not the absolute seconds.
+comes from the one-page-per-object run and the fixed cost from the batched run (few objects).
+moto is a single Python process on the same machine: a real S3 or ONTAP endpoint answers ranged
+GETs with more latency but more parallelism, so take the ratios, not the absolute seconds.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor

@@ -129,7 +129,8 @@ def _parse_name(name: str) -> tuple[int, int] | None:
 def make_session(settings: TierSettings) -> Any:
     """A boto3 session: a named profile, keys from the env vars the settings name, or the default chain."""
     if settings.access_key_id_env:
-        missing = [n for n in (settings.access_key_id_env, settings.secret_access_key_env) if not os.environ.get(n or "")]
+        names = (settings.access_key_id_env, settings.secret_access_key_env)
+        missing = [n for n in names if not os.environ.get(n or "")]
         if missing:
             raise ValueError(f"s3 tier {settings.bucket}: environment variable(s) {', '.join(map(str, missing))} "
                              f"(named by access_key_id_env / secret_access_key_env) are not set; export them")

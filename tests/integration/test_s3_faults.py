@@ -22,7 +22,7 @@ boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint  # noqa: E402
-from lifeboat_cache.config import ConfigError, TierSettings, settings_from_dict  # noqa: E402
+from lifeboat_cache.config import ConfigError, settings_from_dict  # noqa: E402
 from lifeboat_cache.tiers import s3 as s3mod  # noqa: E402
 from lifeboat_cache.tiers.local import LocalTier  # noqa: E402
 from lifeboat_cache.tiers.s3 import S3Tier  # noqa: E402
