@@ -38,6 +38,7 @@ class Gate:
     def __init__(self, n: int) -> None:
         self._lock = threading.Lock()
         self._state = [_PENDING] * n
+        self._closed = False
 
     def enter(self, i: int) -> bool:
         """Take slot i before touching the caller's buffers; False once the call has returned."""
@@ -55,9 +56,15 @@ class Gate:
     def close(self) -> list[int]:
         """Close every slot not entered yet; returns the slots still inside (to wait for)."""
         with self._lock:
+            self._closed = True
             inside = [i for i, s in enumerate(self._state) if s == _INSIDE]
             self._state = [_CLOSED if s == _PENDING else s for s in self._state]
         return inside
+
+    @property
+    def closed(self) -> bool:
+        """True once the call has returned (no slot may be entered any more)."""
+        return self._closed
 
     def inside(self) -> list[int]:
         with self._lock:

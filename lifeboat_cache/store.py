@@ -368,6 +368,8 @@ class ChunkStore:
             if ref is None:
                 continue
             if slot is not None:
+                if slot[0].closed:
+                    return False  # the call has returned: no more I/O for it
                 slot[2][slot[1]] = level
             try:
                 raw = self._read_record(tier, ref, ns, ikey, digest, dst, want_record=level > 0,
