@@ -247,6 +247,8 @@ class ChunkStore:
                     parts = _owned(parts)
                     gate.leave(i)
                 tier.write(int(ik[i]), ds[i], [header, *parts], length, affinity)
+                if self._copier is not None:  # it snapshots the parts: still inside the gate
+                    self._copier.offer(int(ik[i]), ds[i], [header, *parts], length, affinity)
             except OSError as e:
                 self.counters.add("write_errors")
                 cd.fail("write", e)
@@ -256,8 +258,6 @@ class ChunkStore:
             self.counters.add("pages_written")
             self.counters.add("bytes_written_raw", sum(p.nbytes for p in pieces))
             self.counters.add("bytes_written_stored", length)
-            if self._copier is not None:
-                self._copier.offer(int(ik[i]), ds[i], [header, *parts], length, affinity)
             return True
 
         for i, ok in zip(todo, self._map_until(one, todo, t_end, gate, cd, "write")):
