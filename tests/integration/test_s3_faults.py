@@ -22,7 +22,7 @@ boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint  # noqa: E402
-from lifeboat_cache.config import ConfigError, settings_from_dict  # noqa: E402
+from lifeboat_cache.config import ConfigError, apply_overrides, settings_from_dict  # noqa: E402
 from lifeboat_cache.tiers import s3 as s3mod  # noqa: E402
 from lifeboat_cache.tiers.local import LocalTier  # noqa: E402
 from lifeboat_cache.tiers.s3 import S3Tier  # noqa: E402
@@ -357,6 +357,7 @@ def test_config_rejects_secrets_and_bad_s3_options(tmp_path: Path) -> None:
         settings(dict(base, ca_bundle=str(tmp_path / "nope.pem")))
     with pytest.raises(ConfigError, match="engine.deadline_s"):
         settings(base, deadline_s=0)
+    assert apply_overrides(settings(base), {"deadline_s": 1.5}).engine.deadline_s == 1.5  # SGLang extra_config
     s = settings(dict(base, access_key_id_env="LB_NOT_SET_KEY", secret_access_key_env="LB_NOT_SET_SECRET"))
     with pytest.raises(ValueError, match="LB_NOT_SET_KEY"):
         S3Tier(s.storage[0])
