@@ -24,6 +24,10 @@ DEFAULT_FAILURE_COOLDOWN_MAX_S = 60.0
 DEFAULT_COPY_QUEUE_BYTES = 256 << 20
 DEFAULT_AUTO_CAPACITY_MAX_BYTES = 64 << 30
 DEFAULT_S3_REFRESH_INTERVAL_S = 5.0
+DEFAULT_DEADLINE_S = 2.0  # a data-path call (put / get_into) returns by then, whatever a tier does
+S3_ADDRESSING_STYLES = ("auto", "path", "virtual")
+S3_SSE_MODES = ("AES256", "aws:kms")
+S3_RETRY_MODES = ("standard", "adaptive", "legacy")
 MAX_KEY_NAMESPACE_BYTES = 64
 MAX_SIZE_BYTES = 1 << 60  # 1 EiB: any larger size is a typo, and would overflow 64-bit offsets
 _MAX_NUMBER_CHARS = 64  # longer numerals are typos (and int() refuses > 4300 digits)
@@ -53,6 +57,18 @@ class TierSettings:
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 10.0
     max_attempts: int = 3
+    retry_mode: str = "standard"
+    addressing_style: str | None = None  # None: path with an endpoint_url, else boto3's default
+    verify: bool = True  # TLS certificate check
+    ca_bundle: Path | None = None
+    profile: str | None = None  # AWS profile (role chains as boto3 resolves them)
+    access_key_id_env: str | None = None  # names of env vars holding the keys, never the keys
+    secret_access_key_env: str | None = None
+    session_token_env: str | None = None
+    sse: str | None = None  # AES256 (SSE-S3) or aws:kms (SSE-KMS)
+    sse_kms_key_id: str | None = None
+    storage_class: str | None = None
+    max_concurrency: int | None = None  # S3 requests in flight; None: io_workers + background threads
     failure_cooldown_s: float | None = None  # None: engine default
     failure_cooldown_max_s: float | None = None
 
@@ -64,6 +80,7 @@ class EngineSettings:
     failure_cooldown_s: float = DEFAULT_FAILURE_COOLDOWN_S
     failure_cooldown_max_s: float = DEFAULT_FAILURE_COOLDOWN_MAX_S
     copy_queue_bytes: int = DEFAULT_COPY_QUEUE_BYTES
+    deadline_s: float = DEFAULT_DEADLINE_S
     trace: bool = False
 
 
@@ -199,7 +216,10 @@ _TIER_KEYS = {
     "local": _TIER_COMMON | {"path", "paths", "segment_size", "affinity_chunks", "refresh_interval_s"},
     "nfs": _TIER_COMMON | {"path", "segment_size", "refresh_interval_s", "seal_after_s"},
     "s3": _TIER_COMMON | {"bucket", "prefix", "endpoint_url", "region", "connect_timeout_s",
-                          "read_timeout_s", "max_attempts", "refresh_interval_s"},
+                          "read_timeout_s", "max_attempts", "refresh_interval_s", "retry_mode",
+                          "addressing_style", "verify", "ca_bundle", "profile", "access_key_id_env",
+                          "secret_access_key_env", "session_token_env", "sse", "sse_kms_key_id",
+                          "storage_class", "max_concurrency"},
 }
 
 
@@ -245,6 +265,7 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
                 kw[k] = _parse_float(obj[k], f"{where}.{k}", 0.05, 600)
         if "max_attempts" in obj:
             kw["max_attempts"] = _parse_int(obj["max_attempts"], f"{where}.max_attempts", 1, 20)
+        _parse_s3_options(obj, where, kw)
         # each refresh is one LIST request per host: less often than on a file system
         kw["refresh_interval_s"] = _parse_float(obj.get("refresh_interval_s", DEFAULT_S3_REFRESH_INTERVAL_S),
                                                 f"{where}.refresh_interval_s", 0.05, 3600)
@@ -256,8 +277,50 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
     return TierSettings(**kw)
 
 
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _parse_s3_options(obj: Mapping[str, Any], where: str, kw: dict[str, Any]) -> None:
+    """Operator options of one S3 tier: TLS, addressing, credentials by env var name, SSE, retries."""
+    if "retry_mode" in obj:
+        kw["retry_mode"] = _parse_choice(obj["retry_mode"], f"{where}.retry_mode", S3_RETRY_MODES)
+    if obj.get("addressing_style") is not None:
+        kw["addressing_style"] = _parse_choice(obj["addressing_style"], f"{where}.addressing_style",
+                                               S3_ADDRESSING_STYLES)
+    if "verify" in obj:
+        kw["verify"] = _parse_bool(obj["verify"], f"{where}.verify")
+    if obj.get("ca_bundle") is not None:
+        ca = Path(os.path.expanduser(_parse_str(obj["ca_bundle"], f"{where}.ca_bundle")))
+        if not ca.is_file():
+            raise ConfigError(f"{where}.ca_bundle: {ca} is not a file; give the PEM file of your CA")
+        kw["ca_bundle"] = ca
+    if obj.get("profile") is not None:
+        kw["profile"] = _parse_str(obj["profile"], f"{where}.profile")
+    for k in ("access_key_id_env", "secret_access_key_env", "session_token_env"):
+        if obj.get(k) is not None:
+            name = _parse_str(obj[k], f"{where}.{k}")
+            if not _ENV_NAME_RE.match(name):
+                raise ConfigError(f"{where}.{k}: give the NAME of an environment variable (e.g. ONTAP_S3_KEY), "
+                                  f"never the key itself; got a value that is not a variable name")
+            kw[k] = name
+    if ("access_key_id_env" in kw) != ("secret_access_key_env" in kw):
+        raise ConfigError(f"{where}: access_key_id_env and secret_access_key_env go together; give both")
+    if "access_key_id_env" in kw and "profile" in kw:
+        raise ConfigError(f"{where}: give either profile or access_key_id_env/secret_access_key_env, not both")
+    if obj.get("sse") is not None:
+        kw["sse"] = _parse_choice(obj["sse"], f"{where}.sse", S3_SSE_MODES)
+    if obj.get("sse_kms_key_id") is not None:
+        kw["sse_kms_key_id"] = _parse_str(obj["sse_kms_key_id"], f"{where}.sse_kms_key_id")
+        if kw.get("sse") != "aws:kms":
+            raise ConfigError(f"{where}.sse_kms_key_id: needs sse: aws:kms")
+    if obj.get("storage_class") is not None:
+        kw["storage_class"] = _parse_str(obj["storage_class"], f"{where}.storage_class")
+    if obj.get("max_concurrency") is not None:
+        kw["max_concurrency"] = _parse_int(obj["max_concurrency"], f"{where}.max_concurrency", 1, 1024)
+
+
 _ENGINE_KEYS = {"io_workers", "compression", "failure_cooldown_s", "failure_cooldown_max_s",
-                "copy_queue_size", "trace"}
+                "copy_queue_size", "deadline_s", "trace"}
 
 
 def parse_engine(obj: Any, where: str = "engine") -> EngineSettings:
@@ -280,6 +343,8 @@ def parse_engine(obj: Any, where: str = "engine") -> EngineSettings:
         kw["copy_queue_bytes"] = parse_size(obj["copy_queue_size"], f"{where}.copy_queue_size")
     if "trace" in obj:
         kw["trace"] = _parse_bool(obj["trace"], f"{where}.trace")
+    if "deadline_s" in obj:
+        kw["deadline_s"] = _parse_float(obj["deadline_s"], f"{where}.deadline_s", 0.05, 600)
     eng = EngineSettings(**kw)
     if eng.failure_cooldown_max_s < eng.failure_cooldown_s:
         raise ConfigError(
@@ -408,7 +473,7 @@ def apply_overrides(settings: Settings, overrides: Mapping[str, Any], source: st
     out = settings
     if nested:
         base = {k: getattr(settings.engine, k) for k in ("io_workers", "compression", "failure_cooldown_s",
-                                                          "failure_cooldown_max_s", "trace")}
+                                                          "failure_cooldown_max_s", "deadline_s", "trace")}
         base["copy_queue_size"] = settings.engine.copy_queue_bytes
         base.update(nested)
         out = replace(out, engine=parse_engine(base, f"{source}.engine"))

@@ -7,7 +7,9 @@ remote tier never blocks SGLang. Each record is snapshotted (one copy) when queu
 page buffers belong to the caller and are reused as soon as `put` returns. A batch taken from the
 queue is written with `Tier.write_many` (one object per batch on S3). A lower tier in its write
 cooldown is skipped (`copy_skipped_cooldown`); a failed copy counts `copy_errors` and starts the
-cooldown, which reads share, so a dead tier is skipped by both.
+cooldown, which reads share, so a dead tier is skipped by both. A copy never has a deadline (it is
+off SGLang's path); its S3 requests use the tier's configured timeouts, and a tier held after a missed
+deadline (see store.py) is skipped like one in cooldown.
 """
 
 from __future__ import annotations
@@ -145,7 +147,11 @@ class Copier:
             done = 0
             try:
                 for affinity, group in groups.items():
-                    tier.write_many([(it.ikey, it.digest, [it.record], len(it.record)) for it in group], affinity)
+                    recs = [(it.ikey, it.digest, [it.record], len(it.record)) for it in group]
+                    if getattr(tier, "batch_writes", False):  # S3: the background client's timeouts,
+                        tier.write_many(recs, affinity, background=True)  # not the data path's
+                    else:
+                        tier.write_many(recs, affinity)
                     done += len(group)
             except OSError as e:
                 self.counters.add("copy_errors", sum(map(len, groups.values())) - done)

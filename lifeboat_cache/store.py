@@ -15,7 +15,6 @@ import hashlib
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -23,7 +22,8 @@ import numpy as np
 from . import codec
 from .codec import HEADER_SIZE, RecordError
 from .config import Settings, TierSettings, load_settings
-from .copier import DEFAULT_COPY_WORKERS, Copier
+from .copier import COPY_BATCH_BYTES, DEFAULT_COPY_WORKERS, Copier
+from .iopool import Gate, IoPool
 from .keys import digests
 from .metrics import Counters
 from .tiers import Ref, Tier, open_tier
@@ -32,19 +32,38 @@ log = logging.getLogger(__name__)
 
 FLUSH_COPY_TIMEOUT_S = 60.0
 CLOSE_COPY_TIMEOUT_S = 30.0
+IO_THREADS_PER_WORKER = 4  # the io pool grows to io_workers * this while tiers hang, no further
+DEADLINE_GRACE_S = 1.0  # after the deadline, wait at most this long for pages mid-copy into buffers
+PROBE_INTERVAL_S = 0.25  # a held (hung) tier is probed this often, from one background thread
+BATCH_WRITE_RECORDS = 256  # pages per object when the first tier stores batches (S3)
 
 
 class Cooldown:
-    """Skip a failing tier for base, 2*base, 4*base ... up to max_s seconds; reset on success."""
+    """Skip a failing tier for base, 2*base, 4*base ... up to max_s seconds; reset on success.
+
+    A tier that missed a call's deadline is also *held*: skipped until a background probe gets an
+    answer from it, however long it hangs, so no later call blocks on it again.
+    """
 
     def __init__(self, name: str, base_s: float, max_s: float) -> None:
         self.name, self.base_s, self.max_s = name, base_s, max_s
         self._lock = threading.Lock()
         self._until = 0.0
         self._streak = 0
+        self._held = False
 
     def active(self) -> bool:
-        return time.monotonic() < self._until
+        return self._held or time.monotonic() < self._until
+
+    def hold(self) -> None:
+        self._held = True
+
+    def release(self) -> None:
+        """The tier answered a probe: end the hold and the cooldown."""
+        with self._lock:
+            self._held = False
+            self._until = 0.0
+            self._streak = 0
 
     def fail(self, what: str, err: BaseException) -> None:
         with self._lock:
@@ -76,6 +95,11 @@ def _view(buf: object) -> tuple[list[np.ndarray], int, int]:
     return [codec.as_bytes_view(b) for b in bufs], codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[code]], code
 
 
+def _owned(parts: Sequence[object]) -> list[object]:
+    """The record's parts as bytes the store owns (a raw payload part is a view of the caller's page)."""
+    return [p if isinstance(p, bytes) else bytes(p) for p in parts]  # type: ignore[call-overload]
+
+
 class ChunkStore:
     """Pages in, pages out, under (namespace, key). See docs/architecture.md for the contract."""
 
@@ -91,7 +115,12 @@ class ChunkStore:
         # reads and writes cool down separately: a full disk stops writes, not reads
         self.read_cooldowns = [self._cooldown(t, ts, "read") for t, ts in zip(self.tiers, self._tier_settings())]
         self.write_cooldowns = [self._cooldown(t, ts, "write") for t, ts in zip(self.tiers, self._tier_settings())]
-        self._pool = ThreadPoolExecutor(max_workers=eng.io_workers, thread_name_prefix="lifeboat-io")
+        self.deadline_s = eng.deadline_s
+        self._probes: dict[int, int | None] = {}  # held tier level -> a key to probe it with
+        self._prober: threading.Thread | None = None
+        self._probe_lock = threading.Lock()
+        self._pool = IoPool(eng.io_workers, max_workers=eng.io_workers * IO_THREADS_PER_WORKER,
+                            counters=self.counters, stuck_s=eng.deadline_s)
         self._closed = False
         # the drive-choice rule of the first multi-drive tier: a dialog's first N pages pick its drive
         self.affinity_chunks = next((ts.affinity_chunks for ts in settings.storage if len(ts.paths) > 1), 1)
@@ -116,7 +145,8 @@ class ChunkStore:
         tiers: list[Tier] = []
         try:
             for ts in settings.storage:
-                tiers.append(open_tier(ts, background=background, io_workers=settings.engine.io_workers))
+                tiers.append(open_tier(ts, background=background, io_workers=settings.engine.io_workers,
+                                       deadline_s=settings.engine.deadline_s))
         except BaseException:
             for t in tiers:
                 t.close()
@@ -193,7 +223,17 @@ class ChunkStore:
             else:
                 redirect = True
 
+        gate = Gate(len(keys))
+        t_end = time.monotonic() + self.deadline_s
+        # a write to a shared/remote tier may outlive the call: it must then own its bytes
+        own = tier.shared
+        if todo and not redirect and getattr(tier, "batch_writes", False):
+            self._put_batches(tier, cd, ns, ds, ik, views, todo, results, affinity, gate, t_end)
+            todo = []
+
         def one(i: int) -> bool:
+            if not gate.enter(i):
+                return False
             pieces, itemsize, dt = views[i]
             try:
                 header, parts, length = codec.build_record(
@@ -203,19 +243,24 @@ class ChunkStore:
                     self.counters.add("writes_redirected")
                     self._copier.offer(int(ik[i]), ds[i], [header, *parts], length, affinity)  # type: ignore[union-attr]
                     return False
+                if own:
+                    parts = _owned(parts)
+                    gate.leave(i)
                 tier.write(int(ik[i]), ds[i], [header, *parts], length, affinity)
+                if self._copier is not None:  # it snapshots the parts: still inside the gate
+                    self._copier.offer(int(ik[i]), ds[i], [header, *parts], length, affinity)
             except OSError as e:
                 self.counters.add("write_errors")
                 cd.fail("write", e)
                 return False
+            finally:
+                gate.leave(i)
             self.counters.add("pages_written")
             self.counters.add("bytes_written_raw", sum(p.nbytes for p in pieces))
             self.counters.add("bytes_written_stored", length)
-            if self._copier is not None:
-                self._copier.offer(int(ik[i]), ds[i], [header, *parts], length, affinity)
             return True
 
-        for i, ok in zip(todo, self._map(one, todo)):
+        for i, ok in zip(todo, self._map_until(one, todo, t_end, gate, cd, "write")):
             results[i] = ok
         if todo and all(results[i] for i in todo):
             cd.ok()
@@ -223,6 +268,59 @@ class ChunkStore:
             log.info("lifeboat trace: put %d pages, %d new, %d ok in %.2f ms", len(keys), len(todo),
                      sum(results), (time.perf_counter() - t0) * 1e3)
         return results
+
+    def _put_batches(self, tier: Tier, cd: Cooldown, ns: bytes, ds: Sequence[bytes], ik: np.ndarray,
+                     views: list, todo: list[int], results: list[bool], affinity: int, gate: Gate,
+                     t_end: float) -> None:
+        """First tier that stores batches (S3): encode the pages in parallel, then write them as a few
+        multi-page objects (one PUT each), all by the call's deadline."""
+        recs: dict[int, tuple[bytes, list[object], int, int]] = {}
+
+        def encode(i: int) -> bool:
+            if not gate.enter(i):
+                return False
+            try:
+                pieces, itemsize, dt = views[i]
+                header, parts, length = codec.build_record(
+                    pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize, dtype=dt, digest=ds[i],
+                    namespace=ns, compress=self.compress)
+                recs[i] = (header, _owned(parts), length, sum(p.nbytes for p in pieces))
+                return True
+            finally:
+                gate.leave(i)
+
+        done = [i for i, ok in zip(todo, self._map_until(encode, todo, t_end, gate, cd, "write")) if ok]
+        chunks: list[list[int]] = []
+        size = 0
+        for i in done:
+            if not chunks or len(chunks[-1]) >= BATCH_WRITE_RECORDS or size + recs[i][2] > COPY_BATCH_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(i)
+            size += recs[i][2]
+
+        def write(c: int) -> bool:
+            group = chunks[c]
+            try:
+                tier.write_many([(int(ik[i]), ds[i], [recs[i][0], *recs[i][1]], recs[i][2]) for i in group], affinity)
+            except OSError as e:
+                self.counters.add("write_errors", len(group))
+                cd.fail("write", e)
+                return False
+            for i in group:
+                header, parts, length, raw = recs[i]
+                self.counters.add("pages_written")
+                self.counters.add("bytes_written_raw", raw)
+                self.counters.add("bytes_written_stored", length)
+                if self._copier is not None:
+                    self._copier.offer(int(ik[i]), ds[i], [header, *parts], length, affinity)
+            return True
+
+        wrote = self._map_until(write, list(range(len(chunks))), t_end, Gate(len(chunks)), cd, "write",
+                                pages=lambda c: len(chunks[c]))
+        for c, ok in enumerate(wrote):
+            for i in chunks[c]:
+                results[i] = ok
 
     # ------------------------------------------------------------------ reads
     def get_into(self, ns: bytes, keys: Sequence[str | bytes], buffers: Sequence[object],
@@ -244,10 +342,14 @@ class ChunkStore:
         if affinity is None:
             affinity = self._affinity(ds)
 
-        def one(i: int) -> bool:
-            return self._read_one(ns, int(ik[i]), ds[i], views[i][0], affinity)
+        gate = Gate(len(keys))
+        where = [-1] * len(keys)  # the tier each page is being read from: a late page blames it
 
-        results = list(self._map(one, range(len(keys))))
+        def one(i: int) -> bool:
+            return self._read_one(ns, int(ik[i]), ds[i], views[i][0], affinity, slot=(gate, i, where))
+
+        results = self._map_until(one, list(range(len(keys))), time.monotonic() + self.deadline_s, gate,
+                                  None, "read", where, ikeys=ik)
         n_ok = sum(results)
         self.counters.add("pages_read", n_ok)
         self.counters.add("read_misses", len(keys) - n_ok)
@@ -256,7 +358,8 @@ class ChunkStore:
                      (time.perf_counter() - t0) * 1e3)
         return results
 
-    def _read_one(self, ns: bytes, ikey: int, digest: bytes, dst: list[np.ndarray], affinity: int = 0) -> bool:
+    def _read_one(self, ns: bytes, ikey: int, digest: bytes, dst: list[np.ndarray], affinity: int = 0,
+                  slot: tuple[Gate, int, list[int]] | None = None) -> bool:
         for level, (tier, cd) in enumerate(zip(self.tiers, self.read_cooldowns)):
             if cd.active():
                 self.counters.add("tier_skipped_cooldown")
@@ -264,8 +367,13 @@ class ChunkStore:
             ref = tier.locate(ikey)
             if ref is None:
                 continue
+            if slot is not None:
+                if slot[0].closed:
+                    return False  # the call has returned: no more I/O for it
+                slot[2][slot[1]] = level
             try:
-                raw = self._read_record(tier, ref, ns, ikey, digest, dst, want_record=level > 0)
+                raw = self._read_record(tier, ref, ns, ikey, digest, dst, want_record=level > 0,
+                                        gate=slot[:2] if slot is not None else None)
             except OSError as e:
                 self.counters.add("read_errors")
                 cd.fail("read", e)
@@ -280,11 +388,28 @@ class ChunkStore:
         return False
 
     def _read_record(self, tier: Tier, ref: Ref, ns: bytes, ikey: int, digest: bytes,
-                     dst: list[np.ndarray], want_record: bool) -> bytes | memoryview | None:
+                     dst: list[np.ndarray], want_record: bool,
+                     gate: tuple[Gate, int] | None = None) -> bytes | memoryview | None:
         """Read, verify, decode into dst (the page's pieces). Returns the record's bytes (for
-        promotion) or None on a miss."""
+        promotion) or None on a miss.
+
+        With a gate, dst is touched only inside it: a read that outlives the call's deadline must
+        not write into a buffer SGLang has reused. A shared tier (NFS, S3) reads into a private
+        buffer first; a local drive keeps the zero-copy read (a hung local drive is not covered).
+        """
         n = sum(p.nbytes for p in dst)
-        direct = ref.length == HEADER_SIZE + n
+        direct = ref.length == HEADER_SIZE + n and not (gate is not None and tier.shared)
+        if gate is not None and direct and not gate[0].enter(gate[1]):
+            return None
+        try:
+            return self._read_record_gated(tier, ref, ns, ikey, digest, dst, want_record, gate, n, direct)
+        finally:
+            if gate is not None:
+                gate[0].leave(gate[1])
+
+    def _read_record_gated(self, tier: Tier, ref: Ref, ns: bytes, ikey: int, digest: bytes,
+                           dst: list[np.ndarray], want_record: bool, gate: tuple[Gate, int] | None,
+                           n: int, direct: bool) -> bytes | memoryview | None:
         if direct:  # raw record: the payload lands in the caller's buffers with no extra copy
             hdr = bytearray(HEADER_SIZE)
             bufs = [memoryview(hdr), *(memoryview(p) for p in dst)]
@@ -293,6 +418,8 @@ class ChunkStore:
         if not tier.read_into(ref, bufs):
             self.counters.add("miss_stale")
             return None
+        if gate is not None and not direct and not gate[0].enter(gate[1]):
+            return None  # the call has returned: dst is no longer ours
         try:
             h = codec.unpack_header(bufs[0])
             payload = bufs[1:] if direct else bufs[0][HEADER_SIZE:]
@@ -328,7 +455,101 @@ class ChunkStore:
         items = list(items)
         if len(items) <= 1 or self._closed:
             return [fn(i) for i in items]
-        return list(self._pool.map(fn, items))
+        return [f.result() for f in [self._pool.submit(fn, i) for i in items]]
+
+    def _map_until(self, fn: Callable[[int], bool], items: list[int], t_end: float, gate: Gate,
+                   cd: Cooldown | None, what: str, where: list[int] | None = None,
+                   pages: Callable[[int], int] | None = None, ikeys: np.ndarray | None = None) -> list[bool]:
+        """fn over items on the io pool, returning by t_end (the call's deadline): a page not done
+        by then is a miss / dropped write, counted, and its tier cools down."""
+        if not items:
+            return []
+        if self._closed:
+            return [fn(i) for i in items]
+        futs, late = self._pool.run_until(fn, items, t_end, gate, min(DEADLINE_GRACE_S, self.deadline_s))
+        out: list[bool] = []
+        for f in futs:
+            if not f.done() or f.cancelled():
+                out.append(False)
+                continue
+            err = f.exception()
+            if err is not None:
+                raise err  # a bug, not storage trouble (that is caught inside fn)
+            out.append(bool(f.result()))
+        if late:
+            self._overdue(what, [items[k] for k in late], cd, where, pages, ikeys)
+        return out
+
+    def _overdue(self, what: str, late: list[int], cd: Cooldown | None, where: list[int] | None,
+                 pages: Callable[[int], int] | None = None, ikeys: np.ndarray | None = None) -> None:
+        """Pages not done by the deadline: count them and cool down the tier they wait on."""
+        err = TimeoutError(f"no answer within the {self.deadline_s:g} s deadline (engine.deadline_s)")
+        if what == "write":
+            self.counters.add("writes_dropped_deadline", sum(map(pages, late)) if pages else len(late))
+            if cd is not None:
+                cd.fail("write", err)
+            self._hold(0, None)
+            return
+        self.counters.add("read_deadline_misses", len(late))
+        levels: dict[int, int] = {}
+        for i in late:
+            if where is not None and where[i] >= 0:
+                levels.setdefault(where[i], i)
+        for level, i in levels.items():
+            self.read_cooldowns[level].fail("read", err)
+            self._hold(level, int(ikeys[i]) if ikeys is not None else None)
+
+    def _hold(self, level: int, ikey: int | None) -> None:
+        """Skip a tier that missed a deadline until a background probe gets an answer from it."""
+        tier = self.tiers[level]
+        if getattr(tier, "probe", None) is None and ikey is None:
+            return  # nothing to probe it with: the plain cooldown decides
+        with self._probe_lock:
+            if self._closed:
+                return
+            self._probes.setdefault(level, ikey)
+            self.read_cooldowns[level].hold()
+            self.write_cooldowns[level].hold()
+            if self._prober is None or not self._prober.is_alive():
+                self._prober = threading.Thread(target=self._probe_loop, name="lifeboat-probe", daemon=True)
+                self._prober.start()
+
+    def _probe_loop(self) -> None:
+        while not self._closed:
+            with self._probe_lock:
+                todo = list(self._probes.items())
+            if not todo:
+                with self._probe_lock:
+                    if not self._probes:
+                        self._prober = None
+                        return
+            for level, ikey in todo:
+                if self._probe(level, ikey):
+                    with self._probe_lock:
+                        self._probes.pop(level, None)
+                    self.read_cooldowns[level].release()
+                    self.write_cooldowns[level].release()
+                    self.counters.add("tier_recovered")
+                    log.warning("lifeboat: tier %s answers again", self.tiers[level].name)
+            time.sleep(PROBE_INTERVAL_S)
+
+    def _probe(self, level: int, ikey: int | None) -> bool:
+        """One request to a held tier (it may block: this thread only). True when it answered."""
+        tier = self.tiers[level]
+        try:
+            probe = getattr(tier, "probe", None)
+            if probe is not None:
+                probe()
+                return True
+            ref = tier.locate(ikey) if ikey is not None else None
+            if ref is not None:
+                tier.read_into(ref, [memoryview(bytearray(ref.length))])
+            return True
+        except OSError:
+            return False
+        except Exception:  # a bug must not keep the tier held for good
+            log.exception("lifeboat: probing %s failed", tier.name)
+            return True
 
     def wait_rebuilt(self, timeout: float | None = None) -> bool:
         """Block until every tier's background index rebuild is done (tests, CLI)."""
@@ -346,6 +567,7 @@ class ChunkStore:
             "counters": c,
             "compression_ratio": (raw / stored) if stored else None,
             "copy_queue_bytes": self._copier.pending_bytes if self._copier is not None else 0,
+            "io_threads": self._pool.threads, "io_threads_stuck": self._pool.stuck(),
             "tiers": [dict(t.stats(), reads_cooling_down=r.active(), writes_cooling_down=w.active())
                       for t, r, w in zip(self.tiers, self.read_cooldowns, self.write_cooldowns)],
         }
@@ -393,7 +615,7 @@ class ChunkStore:
         if self._closed:
             return
         self._closed = True
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, timeout=self.deadline_s + DEADLINE_GRACE_S)
         if self._copier is not None:
             self._copier.close(CLOSE_COPY_TIMEOUT_S)
         for t in self.tiers:

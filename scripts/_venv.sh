@@ -75,6 +75,29 @@ _lb_main() {
     _lb_apt "g++" "$(command -v g++ || true)"
     _lb_apt "libssl-dev" "$( [[ -e /usr/include/openssl/sha.h ]] && echo yes)"
     _lb_blas
+    _lb_s3rver "$venv"
+}
+
+# s3rver (npm), a second S3 implementation for the S3 fault tests, into <venv>/node. Idempotent: a
+# no-op (no npm call) when the pinned version is already there. Needs node + npm (Debian: nodejs npm).
+LB_S3RVER_VERSION="3.7.1"
+_lb_s3rver() {
+    local venv="$1" pkg="$1/node/node_modules/s3rver/package.json"
+    if [[ -f "$pkg" ]] && grep -q "\"version\": \"$LB_S3RVER_VERSION\"" "$pkg"; then
+        return 0
+    fi
+    if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+        _lb_apt "nodejs" "$(command -v node || true)"
+        _lb_apt "npm" "$(command -v npm || true)"
+    fi
+    if ! command -v npm >/dev/null 2>&1; then
+        _lb_log "WARNING: npm not found: s3rver not installed; the s3rver tests fail under CI=true"
+        return 0
+    fi
+    _lb_log "installing s3rver@$LB_S3RVER_VERSION (npm) into $venv/node"
+    mkdir -p "$venv/node"
+    npm install --silent --no-audit --no-fund --prefix "$venv/node" "s3rver@$LB_S3RVER_VERSION" >/dev/null 2>&1 ||
+        _lb_log "WARNING: npm install s3rver@$LB_S3RVER_VERSION failed; the s3rver tests fail under CI=true"
 }
 
 # apt-get install PACKAGE unless PRESENT is non-empty; best effort (logs and continues).

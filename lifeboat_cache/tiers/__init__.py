@@ -7,10 +7,12 @@ from .base import Ref, Tier
 from .local import LocalTier
 
 
-def open_tier(settings: TierSettings, *, background: bool = True, io_workers: int | None = None) -> Tier:
+def open_tier(settings: TierSettings, *, background: bool = True, io_workers: int | None = None,
+              deadline_s: float | None = None) -> Tier:
     """Build and open the tier for one `storage[]` entry (imports optional backends lazily).
 
-    `io_workers` sizes a network tier's connection pool (default: the engine default).
+    `io_workers` sizes a network tier's connection pool (default: the engine default);
+    `deadline_s` (engine.deadline_s) bounds a network tier's data-path request timeouts.
     """
     if settings.type == "local":
         return LocalTier(settings).open(background=background)
@@ -21,7 +23,8 @@ def open_tier(settings: TierSettings, *, background: bool = True, io_workers: in
     if settings.type == "s3":
         from .s3 import S3Tier
 
-        return S3Tier(settings, io_workers=io_workers or DEFAULT_IO_WORKERS).open(background=background)
+        return S3Tier(settings, io_workers=io_workers or DEFAULT_IO_WORKERS,
+                      deadline_s=deadline_s).open(background=background)
     raise ValueError(f"unknown tier type {settings.type!r}")
 
 

@@ -8,18 +8,35 @@ checksummed footer. Because the record count is in the name, one ranged GET of e
 indexes an object.
 
 * Open: the index is rebuilt in the background from a paginated ListObjectsV2 plus one ranged GET
-  per object; `contains` answers from the in-memory index only, so `exists` never waits on the
-  network. Later listings start a few minutes before the newest name seen (cheap); a full listing
-  every `FULL_RELIST_S` notices objects other hosts evicted. A read of a vanished object is a stale
-  miss, not an error.
+  per object, `io_workers` trailers at a time; each listing page is indexed as soon as its
+  trailers are in, so pages are served while the listing goes on. `contains` answers from the
+  in-memory index only, so `exists` never waits on the network. Later listings start
+  `LISTING_LOOKBACK_S` before min(now, newest valid name); a full listing every `FULL_RELIST_S`
+  notices objects other hosts evicted. A read of a vanished object is a stale miss, not an error.
+* Names: only names this module writes count (`NAME_RE`). A name dated more than
+  `MAX_FUTURE_SKEW_S` ahead of this host's clock is indexed but never moves the listing start
+  (a host whose clock runs ahead, or another tool, cannot hide newer objects); a writer whose
+  clock runs up to `LISTING_LOOKBACK_S` behind is still found by incremental listings, and any
+  skew by the next full listing.
+* An object whose trailer cannot be read or parsed is retried with backoff (`BAD_RETRY_S`,
+  doubling) and given up after `BAD_MAX_TRIES` failures: a key listed before its body is readable
+  is not lost for the life of the process.
 * Reads are ranged GETs of one record; the store verifies it. Writes are one PUT per batch, then
-  the index (write, then index).
-* Failures: every boto3/botocore/urllib3 exception becomes an OSError (the store's cooldown);
-  timeouts and retries are bounded by `connect_timeout_s`, `read_timeout_s`, `max_attempts`.
-* Credentials come from the standard AWS chain (env, profile, web identity, instance role) and are
-  never logged; error messages are scrubbed of them.
+  the index (write, then index). The store writes its own batches as one object when this is the
+  first tier (`batch_writes`).
+* Failures: every boto3/botocore/urllib3 exception becomes an OSError (the store's cooldown).
+  Two clients: the data path's (reads, the store's PUTs) has its timeouts cut so that
+  `max_attempts` tries fit in the engine deadline; the background one (listing, trailers,
+  background copies, eviction) uses `connect_timeout_s` / `read_timeout_s` as configured.
+* Credentials: the standard AWS chain (env, profile, web identity, instance role), or a named
+  `profile` (role chains as boto3 resolves them), or keys read from the env vars named by
+  `access_key_id_env` / `secret_access_key_env` (the file never holds a secret). Never logged;
+  error messages are scrubbed of them.
+* Operator options: `addressing_style`, `verify` / `ca_bundle`, `sse` (AES256 or aws:kms with
+  `sse_kms_key_id`), `storage_class`, `retry_mode`, `max_concurrency`: per tier.
 * Capacity: bytes of every object listed or written; over capacity, the oldest objects are deleted
-  (DeleteObjects, up to 1000 per request) by the background thread. No capacity = no eviction
+  (DeleteObjects, up to 1000 per request; single DeleteObject calls where the server refuses
+  DeleteObjects, as ONTAP before 9.11.1 does) by the background thread. No capacity = no eviction
   (use a bucket lifecycle rule).
 * A record that fails verification is dropped from the index and marked by a tiny object under
   `<prefix>q/`, so a later rebuild (on any host) skips it.
@@ -32,6 +49,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +59,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..codec import raw_length
-from ..config import DEFAULT_IO_WORKERS, TierSettings
+from ..config import DEFAULT_DEADLINE_S, DEFAULT_IO_WORKERS, TierSettings
 from ..index import Index, Loc
 from ..metrics import Counters
 from .base import Ref, SingleIndexTier
@@ -60,13 +78,20 @@ DATA_DIR = "o/"
 QUARANTINE_DIR = "q/"
 OBJECT_SUFFIX = ".lbo"
 LIST_PAGE_KEYS = 1000  # ListObjectsV2 maximum
+FIRST_LIST_PAGE_KEYS = 100  # a listing's first page is small: its pages are served sooner
 DELETE_BATCH_KEYS = 1000  # DeleteObjects maximum
 LISTING_LOOKBACK_S = 120.0  # upload time + clock skew: incremental listings start this far back
+MAX_FUTURE_SKEW_S = 300.0  # a name dated further ahead than this never moves the listing start
 FULL_RELIST_S = 600.0
 BACKGROUND_CONNECTIONS = 8  # copier and index threads, on top of the io workers
-TABLE_FETCH_WORKERS = 4
-INDEX_CHUNK_OBJECTS = 256
+FIRST_INDEX_CHUNK_OBJECTS = 16  # the first trailers of a listing page are indexed at once...
+INDEX_CHUNK_OBJECTS = 256  # ...the rest in bigger chunks (one index merge each)
+BAD_RETRY_S = 5.0  # an unreadable trailer is retried after 5, 10, 20, 40 s ...
+BAD_MAX_TRIES = 6  # ...and given up after this many failures
 STALE_CODES = frozenset({"NoSuchKey", "404", "InvalidRange", "416"})
+# DeleteObjects refused (ONTAP S3 before 9.11.1 answers NotImplemented): delete one key at a time
+NO_MULTI_DELETE_CODES = frozenset({"NotImplemented", "501", "MethodNotAllowed", "405"})
+NAME_RE = re.compile(r"^(\d{13})-([^-/]+)-(\d{1,10})-([0-9a-f]{6})(\d{6,})-([1-9]\d{0,6})\.lbo$")
 _TOKEN = os.urandom(3).hex()  # same host name and pid in two containers must not collide
 _SEQ = itertools.count(1)  # shared by every tier in the process: names never repeat
 
@@ -96,34 +121,57 @@ def _norm_prefix(prefix: str) -> str:
 
 
 def _parse_name(name: str) -> tuple[int, int] | None:
-    """'<ms>-<host>-<pid>-<token><seq>-<count>.lbo' -> (ms, count)."""
-    if not name.endswith(OBJECT_SUFFIX):
-        return None
-    parts = name[: -len(OBJECT_SUFFIX)].split("-")
-    if len(parts) != 5 or not parts[0].isdigit() or not parts[4].isdigit():
-        return None
-    return int(parts[0]), int(parts[4])
+    """'<ms>-<host>-<pid>-<token><seq>-<count>.lbo' -> (ms, count); None for any other name."""
+    m = NAME_RE.match(name)
+    return (int(m.group(1)), int(m.group(6))) if m else None
 
 
-def make_client(settings: TierSettings, pool_connections: int) -> tuple[Any, Any]:
-    """A boto3 S3 client with bounded timeouts and retries; credentials from the default chain.
+def make_session(settings: TierSettings) -> Any:
+    """A boto3 session: a named profile, keys from the env vars the settings name, or the default chain."""
+    if settings.access_key_id_env:
+        names = (settings.access_key_id_env, settings.secret_access_key_env)
+        missing = [n for n in names if not os.environ.get(n or "")]
+        if missing:
+            raise ValueError(f"s3 tier {settings.bucket}: environment variable(s) {', '.join(map(str, missing))} "
+                             f"(named by access_key_id_env / secret_access_key_env) are not set; export them")
+        token = os.environ.get(settings.session_token_env) if settings.session_token_env else None
+        return boto3.session.Session(aws_access_key_id=os.environ[settings.access_key_id_env],
+                                     aws_secret_access_key=os.environ[settings.secret_access_key_env or ""],
+                                     aws_session_token=token)
+    if settings.profile:
+        return boto3.session.Session(profile_name=settings.profile)
+    return boto3.session.Session()
+
+
+def data_path_timeouts(settings: TierSettings, deadline_s: float) -> tuple[float, float]:
+    """(connect, read) timeouts of one data-path attempt: `max_attempts` of them fit in the deadline."""
+    per_try = deadline_s / max(1, settings.max_attempts)
+    return min(settings.connect_timeout_s, per_try), min(settings.read_timeout_s, per_try)
+
+
+def make_client(settings: TierSettings, pool_connections: int, *, session: Any = None,
+                timeouts: tuple[float, float] | None = None) -> tuple[Any, Any]:
+    """A boto3 S3 client with bounded timeouts and retries and the tier's operator options.
 
     Checksums are computed only when an operation requires them: several S3-compatible stores
     (older ONTAP S3, MinIO) reject boto3's default CRC headers, and records carry their own CRCs.
     """
-    s3_opts: dict[str, Any] = {"addressing_style": "path"} if settings.endpoint_url else {}
+    style = settings.addressing_style or ("path" if settings.endpoint_url else None)
+    connect_s, read_s = timeouts or (settings.connect_timeout_s, settings.read_timeout_s)
     cfg = Config(
-        connect_timeout=settings.connect_timeout_s,
-        read_timeout=settings.read_timeout_s,
-        retries={"total_max_attempts": settings.max_attempts, "mode": "standard"},
+        connect_timeout=connect_s,
+        read_timeout=read_s,
+        retries={"total_max_attempts": settings.max_attempts, "mode": settings.retry_mode},
         max_pool_connections=pool_connections,
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
         user_agent_extra="lifeboat-cache",
-        s3=s3_opts or None,
+        s3={"addressing_style": style} if style else None,
     )
-    session = boto3.session.Session()
-    client = session.client("s3", endpoint_url=settings.endpoint_url, region_name=settings.region, config=cfg)
+    session = session or make_session(settings)
+    verify: bool | str = str(settings.ca_bundle) if settings.ca_bundle and settings.verify else settings.verify
+    client = session.client("s3", endpoint_url=settings.endpoint_url, region_name=settings.region, config=cfg,
+                            verify=verify)
     return session, client
 
 
@@ -131,9 +179,10 @@ class S3Tier(SingleIndexTier):
     kind = "s3"
     shared = True
     durable = True
+    batch_writes = True  # the store hands its put() batches to write_many: one object per batch
 
     def __init__(self, settings: TierSettings, *, io_workers: int = DEFAULT_IO_WORKERS,
-                 client: Any = None, name: str | None = None) -> None:
+                 client: Any = None, name: str | None = None, deadline_s: float | None = None) -> None:
         if not settings.bucket:
             raise ValueError("an s3 tier needs a bucket")
         self.settings = settings
@@ -150,7 +199,7 @@ class S3Tier(SingleIndexTier):
         self._gc_lock = threading.Lock()
         self._objs: dict[int, _Obj] = {}
         self._by_name: dict[str, int] = {}
-        self._bad: set[str] = set()  # objects without a valid trailer: never fetched again
+        self._bad: dict[str, tuple[int, float]] = {}  # unreadable trailer: name -> (failures, retry at)
         self._quarantine: set[tuple[str, int]] = set()
         self._next_id = 1
         self._gen = 0
@@ -165,9 +214,23 @@ class S3Tier(SingleIndexTier):
         self._rebuilt = threading.Event()
         self._thread: threading.Thread | None = None
         self._session = None
+        self._multi_delete = True
+        self.deadline_s = deadline_s if deadline_s is not None else DEFAULT_DEADLINE_S
+        conns = settings.max_concurrency or io_workers + BACKGROUND_CONNECTIONS
+        self.fetch_workers = max(1, min(io_workers, conns))  # trailer fetches in flight while listing
+        self._bg_client = client
         if client is None:
-            self._session, client = make_client(settings, io_workers + BACKGROUND_CONNECTIONS)
+            self._session, client = make_client(settings, conns,
+                                                timeouts=data_path_timeouts(settings, self.deadline_s))
+            _, self._bg_client = make_client(settings, conns, session=self._session)
         self._client = client
+        self._put_extra: dict[str, str] = {}
+        if settings.sse:
+            self._put_extra["ServerSideEncryption"] = settings.sse
+        if settings.sse_kms_key_id:
+            self._put_extra["SSEKMSKeyId"] = settings.sse_kms_key_id
+        if settings.storage_class:
+            self._put_extra["StorageClass"] = settings.storage_class
         self._secrets = self._credential_strings()
 
     # ------------------------------------------------------------------ open / background
@@ -200,6 +263,7 @@ class S3Tier(SingleIndexTier):
                 break
             full = not self._listed_ok or time.monotonic() - self._last_full >= FULL_RELIST_S
             self._refresh(full=full)
+            self._retry_bad()
             try:
                 self.gc()
             except Exception:  # never let the index thread die
@@ -223,50 +287,67 @@ class S3Tier(SingleIndexTier):
         self._list_failing = False
 
     def _full_refresh(self) -> None:
+        """List everything, indexing each listing page as it arrives (pages are served meanwhile);
+        then drop what another host evicted."""
         with self._lock:
             self._gen += 1
             gen = self._gen
-        listing = self._list(self.data_prefix)
         for mark in self._list(self.quarantine_prefix):
             obj_name, _, off = mark.rpartition("@")
             if obj_name and off.isdigit():
                 with self._lock:
                     self._quarantine.add((obj_name, int(off)))
+        seen: set[str] = set()
+        with ThreadPoolExecutor(self.fetch_workers, thread_name_prefix="lifeboat-s3-table") as ex:
+            for page in self._list_pages(self.data_prefix):
+                seen.update(page)
+                self._index_new(page, ex)
+                if self._closed.is_set():
+                    return
         with self._lock:
-            gone = [o for o in self._objs.values() if o.name not in listing and o.born < gen]
+            gone = [o for o in self._objs.values() if o.name not in seen and o.born < gen]
         for o in gone:  # evicted by another host
             self._drop(o)
-        self._index_new(listing)
         self._listed_ok = True
         self._last_full = time.monotonic()
 
+    def listing_start_ms(self) -> int:
+        """Where an incremental listing starts: LISTING_LOOKBACK_S before min(now, newest valid name)."""
+        return max(0, min(int(time.time() * 1000), self._newest_ms) - int(LISTING_LOOKBACK_S * 1000))
+
     def _incremental_refresh(self) -> None:
-        start = max(0, self._newest_ms - int(LISTING_LOOKBACK_S * 1000))
-        self._index_new(self._list(self.data_prefix, start_after=f"{start:013d}"))
+        start = self.listing_start_ms()
+        with ThreadPoolExecutor(self.fetch_workers, thread_name_prefix="lifeboat-s3-table") as ex:
+            for page in self._list_pages(self.data_prefix, start_after=f"{start:013d}"):
+                self._index_new(page, ex)
 
-    def _index_new(self, listing: dict[str, int]) -> None:
-        """Fetch the tables of objects not indexed yet, newest first, a chunk at a time.
+    def _note_names(self, names: Iterator[str] | dict[str, int]) -> None:
+        """Advance the newest-name watermark from valid names not dated in the future."""
+        horizon = int((time.time() + MAX_FUTURE_SKEW_S) * 1000)
+        for n in names:
+            parsed = _parse_name(n)
+            if parsed and parsed[0] <= horizon and parsed[0] > self._newest_ms:
+                self._newest_ms = parsed[0]
 
-        Newest first: a returning user's pages are the likeliest hits, and they become servable
-        while older chunks are still being fetched.
+    def _index_new(self, listing: dict[str, int], ex: ThreadPoolExecutor) -> None:
+        """Fetch the tables of listed objects not indexed yet, newest first, a chunk at a time.
+
+        Newest first: a returning user's pages are the likeliest hits. The first chunk is small,
+        so the first pages are servable within milliseconds of the listing page.
         """
+        now = time.monotonic()
         with self._lock:
             new = [(n, s) for n, s in sorted(listing.items(), reverse=True)
-                   if n not in self._by_name and n not in self._bad]
-        for n in listing:
-            parsed = _parse_name(n)
-            if parsed:
-                self._newest_ms = max(self._newest_ms, parsed[0])
-        if len(new) <= 1:
-            for obj_name, size in new:
-                self._index_tables([(obj_name, size)], [self._fetch_table(obj_name, size)])
-            return
-        with ThreadPoolExecutor(min(TABLE_FETCH_WORKERS, len(new)), thread_name_prefix="lifeboat-s3-table") as ex:
-            for i in range(0, len(new), INDEX_CHUNK_OBJECTS):
-                chunk = new[i: i + INDEX_CHUNK_OBJECTS]
-                self._index_tables(chunk, list(ex.map(lambda ns: self._fetch_table(*ns), chunk)))
-                if self._closed.is_set():
-                    return
+                   if n not in self._by_name and self._bad.get(n, (0, 0.0))[1] <= now]
+        self._note_names(listing)
+        i, step = 0, FIRST_INDEX_CHUNK_OBJECTS
+        while i < len(new):
+            chunk = new[i: i + step]
+            self._index_tables(chunk, list(ex.map(lambda ns: self._fetch_table(*ns), chunk)))
+            i += step
+            step = INDEX_CHUNK_OBJECTS
+            if self._closed.is_set():
+                return
 
     def _index_tables(self, objs: list[tuple[str, int]], tables: list[np.ndarray | None]) -> None:
         """Register objects and index their records with one bulk insert (one index merge)."""
@@ -295,21 +376,64 @@ class S3Tier(SingleIndexTier):
     def _fetch_table(self, obj_name: str, size: int) -> np.ndarray | None:
         """The record table of one object (one ranged GET), or None if it has no valid trailer."""
         parsed = _parse_name(obj_name)
-        tsize = trailer_size(parsed[1]) if parsed else 0
+        if parsed is None:  # not one of ours (another tool, a stray upload): never fetched
+            with self._lock:
+                if obj_name not in self._bad:
+                    self._bad[obj_name] = (BAD_MAX_TRIES, float("inf"))
+                    self.counters.add("objects_foreign")
+            return None
+        tsize = trailer_size(parsed[1])
         table = None
-        if parsed and size >= tsize:
+        why = "shorter than its record table"
+        if size >= tsize:
             try:
-                table = parse_trailer(self._get_range(obj_name, size - tsize, size - 1), size)
+                table = parse_trailer(self._get_range(obj_name, size - tsize, size - 1, background=True), size)
+                why = "no valid record table"
             except S3Error as e:
                 if e.code in STALE_CODES:
                     return None  # deleted since the listing
-                raise
+                why = f"trailer read failed ({e})"
         if table is None:
+            self._mark_bad(obj_name, why)
+        else:
             with self._lock:
-                self._bad.add(obj_name)
-            self.counters.add("objects_invalid")
-            log.warning("lifeboat: %s: object %s has no valid record table; ignoring it", self.name, obj_name)
+                self._bad.pop(obj_name, None)
         return table
+
+    def _retry_bad(self) -> None:
+        """Fetch again the trailers of unreadable objects whose backoff is over, even when they
+        fall before the incremental listing's window (HEAD gives the current size)."""
+        now = time.monotonic()
+        with self._lock:
+            due = [n for n, (tries, at) in self._bad.items() if at <= now and n not in self._by_name][:64]
+        for obj_name in due:
+            try:
+                size = int(self._call("head_object", background=True, Bucket=self.bucket,
+                                      Key=self.data_prefix + obj_name)["ContentLength"])
+            except S3Error as e:
+                if e.code in STALE_CODES:
+                    with self._lock:
+                        self._bad.pop(obj_name, None)  # gone: nothing to retry
+                    continue
+                return  # the server is failing: try again next round
+            self._index_tables([(obj_name, size)], [self._fetch_table(obj_name, size)])
+
+    def _mark_bad(self, obj_name: str, why: str) -> None:
+        """Retry an unreadable object later (backoff); give up after BAD_MAX_TRIES failures.
+
+        A key can be listed before its body is readable (uploads in flight on some servers), and a
+        read can fail on a transient error: one failure must not hide the object for good.
+        """
+        with self._lock:
+            tries = self._bad.get(obj_name, (0, 0.0))[0] + 1
+            final = tries >= BAD_MAX_TRIES
+            retry_at = float("inf") if final else time.monotonic() + BAD_RETRY_S * 2 ** (tries - 1)
+            self._bad[obj_name] = (tries, retry_at)
+        self.counters.add("objects_invalid" if final else "objects_retry")
+        if final:
+            log.warning("lifeboat: %s: object %s: %s after %d tries; ignoring it", self.name, obj_name, why, tries)
+        elif tries == 1:
+            log.info("lifeboat: %s: object %s: %s; retrying later", self.name, obj_name, why)
 
     def _register(self, obj_name: str, size: int) -> _Obj:
         """Add an object to the unit table (under the lock); ids only grow."""
@@ -348,10 +472,10 @@ class S3Tier(SingleIndexTier):
             text = text.replace(s, "***")
         return text
 
-    def _call(self, op: str, **kw: Any) -> Any:
+    def _call(self, op: str, background: bool = False, **kw: Any) -> Any:
         self.counters.add(f"{op}_requests")
         try:
-            return getattr(self._client, op)(**kw)
+            return getattr(self._bg_client if background else self._client, op)(**kw)
         except ClientError as e:
             err = e.response.get("Error", {})
             code = str(err.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
@@ -362,21 +486,29 @@ class S3Tier(SingleIndexTier):
     def _list(self, prefix: str, start_after: str | None = None) -> dict[str, int]:
         """name (relative to prefix) -> size, for every object under prefix (paginated)."""
         out: dict[str, int] = {}
-        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.list_page_keys}
+        for page in self._list_pages(prefix, start_after):
+            out.update(page)
+        return out
+
+    def _list_pages(self, prefix: str, start_after: str | None = None) -> Iterator[dict[str, int]]:
+        """One dict (name relative to prefix -> size) per ListObjectsV2 page."""
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix,
+                              "MaxKeys": min(FIRST_LIST_PAGE_KEYS, self.list_page_keys)}
         if start_after:
             kw["StartAfter"] = prefix + start_after
         while True:
-            resp = self._call("list_objects_v2", **kw)
-            for o in resp.get("Contents", ()):
-                out[o["Key"][len(prefix):]] = int(o["Size"])
+            resp = self._call("list_objects_v2", background=True, **kw)
+            yield {o["Key"][len(prefix):]: int(o["Size"]) for o in resp.get("Contents", ())}
             if not resp.get("IsTruncated") or not resp.get("NextContinuationToken"):
-                return out
+                return
             kw["ContinuationToken"] = resp["NextContinuationToken"]
+            kw["MaxKeys"] = self.list_page_keys
 
-    def _get_range(self, obj_name: str, first: int, last: int) -> bytes:
+    def _get_range(self, obj_name: str, first: int, last: int, background: bool = False) -> bytes:
         key = self.data_prefix + obj_name
+        client = self._bg_client if background else self._client
         try:
-            resp = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={first}-{last}")
+            resp = client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={first}-{last}")
             data = resp["Body"].read()
         except ClientError as e:
             err = e.response.get("Error", {})
@@ -391,8 +523,12 @@ class S3Tier(SingleIndexTier):
 
     # ------------------------------------------------------------------ Tier API
     def write_many(self, records: Sequence[tuple[int, bytes, Sequence[object], int]],
-                   affinity: int = 0) -> list[Ref]:
-        """Store the records as one object (one PUT), then index them."""
+                   affinity: int = 0, background: bool = False) -> list[Ref]:
+        """Store the records as one object (one PUT), then index them.
+
+        `background` (the copier): use the client with the configured timeouts, not the data
+        path's deadline-sized ones (a large batch may take longer than SGLang may wait).
+        """
         if not records:
             return []
         parts: list[object] = []
@@ -405,7 +541,8 @@ class S3Tier(SingleIndexTier):
         body = b"".join([*parts, build_trailer(end, entries)])  # type: ignore[list-item]
         obj_name = (f"{int(time.time() * 1000):013d}-{self._tag}-{_TOKEN}{next(_SEQ):06d}-"
                     f"{len(records)}{OBJECT_SUFFIX}")
-        self._call("put_object", Bucket=self.bucket, Key=self.data_prefix + obj_name, Body=body)
+        self._call("put_object", background=background, Bucket=self.bucket, Key=self.data_prefix + obj_name,
+                   Body=body, **self._put_extra)
         self.counters.add("bytes_written", len(body))
         with self._lock:
             obj = self._register(obj_name, len(body))
@@ -453,10 +590,15 @@ class S3Tier(SingleIndexTier):
             self._quarantine.add((obj.name, ref.loc.offset))
         mark = json.dumps({"length": ref.loc.length, "reason": reason, "time": time.time()}).encode()
         try:
-            self._call("put_object", Bucket=self.bucket, Key=f"{self.quarantine_prefix}{obj.name}@{ref.loc.offset}",
-                       Body=mark)
+            self._call("put_object", background=True, Body=mark, **self._put_extra,
+                       Bucket=self.bucket, Key=f"{self.quarantine_prefix}{obj.name}@{ref.loc.offset}")
         except OSError as e:
             log.warning("lifeboat: cannot record quarantine on %s: %s", self.name, e)
+
+    def probe(self) -> None:
+        """One small data-path request (a 1-key listing); raises OSError while the server fails or hangs.
+        The store calls it from its probe thread while the tier is held after a missed deadline."""
+        self._call("list_objects_v2", Bucket=self.bucket, Prefix=self.data_prefix, MaxKeys=1)
 
     def records(self) -> Iterator[tuple[int, Ref]]:
         for k, loc in self.index.items():
@@ -493,9 +635,7 @@ class S3Tier(SingleIndexTier):
             for i in range(0, len(victims), DELETE_BATCH_KEYS):
                 batch = victims[i: i + DELETE_BATCH_KEYS]
                 keys = [self.data_prefix + o.name for o in batch]
-                resp = self._call("delete_objects", Bucket=self.bucket,
-                                  Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True})
-                failed = {e.get("Key") for e in resp.get("Errors", ())}
+                failed = self._delete(keys)
                 for o, k in zip(batch, keys):
                     if k not in failed:
                         self._drop(o)
@@ -510,6 +650,28 @@ class S3Tier(SingleIndexTier):
         finally:
             self._gc_lock.release()
 
+    def _delete(self, keys: list[str]) -> set[str]:
+        """Delete keys (DeleteObjects, or one DeleteObject each where refused); returns keys not deleted."""
+        if self._multi_delete:
+            try:
+                resp = self._call("delete_objects", background=True, Bucket=self.bucket,
+                                  Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True})
+                return {e.get("Key") for e in resp.get("Errors", ())}
+            except S3Error as e:
+                if e.code not in NO_MULTI_DELETE_CODES:
+                    raise
+                self._multi_delete = False
+                log.warning("lifeboat: %s refuses DeleteObjects (%s); deleting one object per request", self.name,
+                            e.code)
+        failed: set[str] = set()
+        for k in keys:
+            try:
+                self._call("delete_object", background=True, Bucket=self.bucket, Key=k)
+            except S3Error as e:
+                if e.code not in STALE_CODES:
+                    failed.add(k)
+        return failed
+
     def _forget_marks(self, gone: set[str]) -> None:
         """Delete the quarantine marks of evicted objects (best effort: they are only hints)."""
         with self._lock:
@@ -518,9 +680,7 @@ class S3Tier(SingleIndexTier):
         if not marks:
             return
         try:
-            self._call("delete_objects", Bucket=self.bucket, Delete={
-                "Objects": [{"Key": f"{self.quarantine_prefix}{n}@{off}"} for n, off in marks[:DELETE_BATCH_KEYS]],
-                "Quiet": True})
+            self._delete([f"{self.quarantine_prefix}{n}@{off}" for n, off in marks[:DELETE_BATCH_KEYS]])
         except OSError:
             pass
 
@@ -535,7 +695,8 @@ class S3Tier(SingleIndexTier):
     def stats(self) -> dict[str, Any]:
         out = super().stats()
         with self._lock:
-            out.update(objects=len(self._objs), invalid_objects=len(self._bad))
+            out.update(objects=len(self._objs), invalid_objects=sum(t >= BAD_MAX_TRIES for t, _ in self._bad.values()),
+                       retrying_objects=sum(t < BAD_MAX_TRIES for t, _ in self._bad.values()))
         out.update(pages=len(self.index), rebuilt=self._rebuilt.is_set(), listed_ok=self._listed_ok)
         out.update(self.counters.snapshot())
         return out
@@ -545,6 +706,7 @@ class S3Tier(SingleIndexTier):
         self._wake.set()
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=10)
-        close = getattr(self._client, "close", None)
-        if close is not None:
-            close()
+        for client in {id(self._client): self._client, id(self._bg_client): self._bg_client}.values():
+            close = getattr(client, "close", None)
+            if close is not None:
+                close()

@@ -1,0 +1,191 @@
+"""The store's io worker pool: batch calls that return by a deadline, and a gate for late tasks.
+
+Why not `ThreadPoolExecutor`: a tier that hangs (an S3 server that accepts and never answers, a
+frozen NFS server) parks worker threads in a syscall. A fixed pool would then queue every later
+call behind them. `IoPool` keeps `workers` threads and adds one for each thread stuck in a task for
+longer than `stuck_s` (the deadline), up to `max_workers` (a bound, so a long hang cannot spawn
+threads without end); extra threads exit after `IDLE_EXIT_S` idle. A big batch on healthy tiers
+never grows the pool. Threads that outlive their call's deadline are counted (`io_overdue`).
+
+`Gate` protects the caller's buffers: SGLang reuses a page buffer as soon as a call returns with a
+miss, so a task that finishes after the deadline must not write into it (reads), nor read from it
+(writes). Each page passes the gate before touching caller memory; at the deadline the caller closes
+it, waits briefly for pages already inside, and every later task finds it closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from typing import Any, Callable, Sequence
+
+from .metrics import Counters
+
+log = logging.getLogger(__name__)
+
+IDLE_EXIT_S = 30.0  # an extra thread (above `workers`) exits after this long without work
+
+_PENDING, _INSIDE, _DONE, _CLOSED = 0, 1, 2, 3
+
+
+class Gate:
+    """Per-call guard over the caller's page buffers (one slot per page)."""
+
+    def __init__(self, n: int) -> None:
+        self._lock = threading.Lock()
+        self._state = [_PENDING] * n
+        self._closed = False
+
+    def enter(self, i: int) -> bool:
+        """Take slot i before touching the caller's buffers; False once the call has returned."""
+        with self._lock:
+            if self._state[i] != _PENDING:
+                return False
+            self._state[i] = _INSIDE
+            return True
+
+    def leave(self, i: int) -> None:
+        with self._lock:
+            if self._state[i] == _INSIDE:
+                self._state[i] = _DONE
+
+    def close(self) -> list[int]:
+        """Close every slot not entered yet; returns the slots still inside (to wait for)."""
+        with self._lock:
+            self._closed = True
+            inside = [i for i, s in enumerate(self._state) if s == _INSIDE]
+            self._state = [_CLOSED if s == _PENDING else s for s in self._state]
+        return inside
+
+    @property
+    def closed(self) -> bool:
+        """True once the call has returned (no slot may be entered any more)."""
+        return self._closed
+
+    def inside(self) -> list[int]:
+        with self._lock:
+            return [i for i, s in enumerate(self._state) if s == _INSIDE]
+
+
+class IoPool:
+    """Elastic, bounded thread pool (see the module docstring)."""
+
+    def __init__(self, workers: int, *, max_workers: int, counters: Counters, stuck_s: float = 2.0,
+                 name: str = "lifeboat-io") -> None:
+        self.workers = max(1, workers)
+        self.stuck_s = stuck_s
+        self._started: dict[int, float] = {}  # thread ident -> when its current task started
+        self.max_workers = max(self.workers, max_workers)
+        self.counters = counters
+        self.name = name
+        self._q: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._seq = 0
+        self._shutdown = False
+        self._capped_logged = False
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    @property
+    def busy(self) -> int:
+        return self._threads - self._idle
+
+    def stuck(self) -> int:
+        """Threads in one task for longer than stuck_s (a hung tier holds them)."""
+        now = time.monotonic()
+        with self._lock:
+            return sum(1 for t in self._started.values() if now - t > self.stuck_s)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._shutdown:
+            raise RuntimeError("IoPool is shut down")
+        fut: Future = Future()
+        self._q.put((fut, fn, args))
+        with self._lock:
+            now = time.monotonic()
+            stuck = sum(1 for t in self._started.values() if now - t > self.stuck_s)
+            spawn = self._idle == 0 and self._threads < min(self.max_workers, self.workers + stuck)
+            if self._idle > 0:
+                self._capped_logged = False
+            if spawn:
+                self._threads += 1
+                self._seq += 1
+                seq = self._seq
+            elif self._idle == 0 and stuck and not self._capped_logged:
+                self._capped_logged = True
+                log.warning("lifeboat: all %d io threads are busy (a tier hangs?); calls wait for their "
+                            "deadline", self._threads)
+        if spawn:
+            threading.Thread(target=self._run, name=f"{self.name}-{seq}", daemon=True).start()
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            try:
+                item = self._q.get(timeout=IDLE_EXIT_S)
+            except queue.Empty:
+                item = ()  # type: ignore[assignment]
+            with self._lock:
+                self._idle -= 1
+                if item == () and self._threads > self.workers:
+                    self._threads -= 1
+                    return
+            if item == ():
+                continue
+            if item is None:
+                with self._lock:
+                    self._threads -= 1
+                return
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            me = threading.get_ident()
+            with self._lock:
+                self._started[me] = time.monotonic()
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+                fut.set_exception(e)
+            finally:
+                with self._lock:
+                    self._started.pop(me, None)
+
+    def run_until(self, fn: Callable[[int], Any], items: Sequence[int], t_end: float, gate: Gate,
+                  grace_s: float) -> tuple[list[Future], list[int]]:
+        """Run fn(i) for every item; return at t_end at the latest (plus up to grace_s for pages
+        already inside the gate). Returns (futures, positions not done when the call returned)."""
+        futs = [self.submit(fn, i) for i in items]
+        _, not_done = wait_futures(futs, timeout=max(0.0, t_end - time.monotonic()))
+        if not not_done:
+            return futs, []
+        for f in not_done:
+            f.cancel()  # not started yet: never runs
+        inside = gate.close()
+        if inside:
+            pos = {item: k for k, item in enumerate(items)}
+            wait_futures([futs[pos[i]] for i in inside if i in pos], timeout=grace_s)
+        late = [k for k, f in enumerate(futs) if f in not_done and (f.cancelled() or not f.done())]
+        self.counters.add("io_overdue", sum(1 for f in futs if not f.done()))  # threads still stuck
+        return futs, late
+
+    def shutdown(self, wait: bool = True, timeout: float = 10.0) -> None:
+        """Stop the threads; with wait, join those not stuck (up to timeout)."""
+        self._shutdown = True
+        with self._lock:
+            n = self._threads
+        for _ in range(n):
+            self._q.put(None)
+        if wait:
+            deadline = time.monotonic() + timeout
+            while self._threads > 0 and time.monotonic() < deadline:
+                time.sleep(0.01)

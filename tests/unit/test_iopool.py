@@ -1,0 +1,46 @@
+"""IoPool and Gate: calls return by their deadline, the pool grows only for stuck threads and stays
+bounded, and a task that outlives its call never enters the gate."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from lifeboat_cache.iopool import Gate, IoPool
+from lifeboat_cache.metrics import Counters
+
+
+def test_big_batch_on_healthy_work_never_grows_the_pool() -> None:
+    pool = IoPool(2, max_workers=8, counters=Counters(), stuck_s=1.0)
+    futs, late = pool.run_until(lambda i: time.sleep(0.01) or i, list(range(20)), time.monotonic() + 5, Gate(20), 0.1)
+    assert late == [] and [f.result() for f in futs] == list(range(20))
+    assert pool.threads <= 2
+    pool.shutdown()
+
+
+def test_stuck_threads_are_replaced_up_to_the_bound_and_counted() -> None:
+    counters = Counters()
+    pool = IoPool(2, max_workers=4, counters=counters, stuck_s=0.1)
+    release = threading.Event()
+    for _ in range(6):  # more hung tasks than the bound
+        pool.submit(release.wait)
+        time.sleep(0.15)
+    assert pool.threads == 4 and pool.stuck() == 4
+    t0 = time.monotonic()
+    futs, late = pool.run_until(lambda i: i, [0, 1], time.monotonic() + 0.3, Gate(2), 0.1)
+    assert time.monotonic() - t0 < 0.6  # bounded by the deadline even with every thread stuck
+    assert late == [0, 1] and all(f.cancelled() for f in futs)
+    assert pool.threads <= 4
+    release.set()
+    pool.shutdown()
+
+
+def test_gate_closes_pending_slots_and_reports_those_inside() -> None:
+    g = Gate(3)
+    assert g.enter(0)
+    g.leave(0)
+    assert g.enter(1)  # inside when the call returns
+    assert g.close() == [1] and g.closed
+    assert not g.enter(2)  # a late task never touches the caller's buffer
+    g.leave(1)
+    assert g.inside() == []
