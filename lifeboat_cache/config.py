@@ -367,5 +367,8 @@ def load_settings(
     if p is None:
         settings = Settings(storage=default_storage())
     else:
-        settings = settings_from_dict(read_config_file(p), source=str(p))
+        try:
+            settings = settings_from_dict(read_config_file(p), source=str(p))
+        except ConfigError as e:  # every error names the file it came from
+            raise e if str(e).startswith(str(p)) else ConfigError(f"{p}: {e}") from None
     return apply_overrides(settings, overrides or {})

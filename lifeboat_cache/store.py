@@ -141,8 +141,10 @@ class ChunkStore:
 
     def exists(self, ns: bytes, keys: Sequence[str | bytes]) -> int:
         """How many keys, from the first, are stored (SGLang's batch_exists contract)."""
+        t0 = time.perf_counter()
         hits = self.contains(ns, keys)
         n = hits.index(False) if False in hits else len(hits)
+        self.counters.observe("exists", time.perf_counter() - t0)
         if self.trace:
             log.info("lifeboat trace: exists %d keys -> %d leading hits", len(keys), n)
         return n
@@ -211,6 +213,7 @@ class ChunkStore:
             self.counters.add("pages_written")
             self.counters.add("bytes_written_raw", sum(p.nbytes for p in pieces))
             self.counters.add("bytes_written_stored", length)
+            self.counters.add_namespace(ns, 1, length)
             if self._copier is not None:
                 self._copier.offer(int(ik[i]), ds[i], [header, *parts], length, affinity)
             return True
@@ -219,6 +222,7 @@ class ChunkStore:
             results[i] = ok
         if todo and all(results[i] for i in todo):
             cd.ok()
+        self.counters.observe("set", time.perf_counter() - t0)
         if self.trace:
             log.info("lifeboat trace: put %d pages, %d new, %d ok in %.2f ms", len(keys), len(todo),
                      sum(results), (time.perf_counter() - t0) * 1e3)
@@ -251,15 +255,19 @@ class ChunkStore:
         n_ok = sum(results)
         self.counters.add("pages_read", n_ok)
         self.counters.add("read_misses", len(keys) - n_ok)
+        self.counters.add("bytes_read", sum(sum(p.nbytes for p in views[i][0]) for i, ok in enumerate(results) if ok))
+        self.counters.observe("get", time.perf_counter() - t0)
         if self.trace:
             log.info("lifeboat trace: get %d pages, %d hits in %.2f ms", len(keys), n_ok,
                      (time.perf_counter() - t0) * 1e3)
         return results
 
     def _read_one(self, ns: bytes, ikey: int, digest: bytes, dst: list[np.ndarray], affinity: int = 0) -> bool:
+        skipped = False
         for level, (tier, cd) in enumerate(zip(self.tiers, self.read_cooldowns)):
             if cd.active():
                 self.counters.add("tier_skipped_cooldown")
+                skipped = True
                 continue
             ref = tier.locate(ikey)
             if ref is None:
@@ -277,6 +285,8 @@ class ChunkStore:
                 self.counters.add(f"hits_tier{level}")
                 self._promote(ikey, digest, raw, affinity)
             return True
+        if skipped:
+            self.counters.add("miss_cooldown")
         return False
 
     def _read_record(self, tier: Tier, ref: Ref, ns: bytes, ikey: int, digest: bytes,
@@ -306,6 +316,7 @@ class ChunkStore:
             self.counters.add(f"miss_{e.reason}")
             if e.reason not in ("foreign", "size"):  # intact records of other keys are left alone
                 tier.forget(ikey, ref, e.reason)
+                self.counters.add("quarantined")
                 log.warning("lifeboat: dropped a bad record on %s (%s)", tier.name, e)
             return None
         if direct:
@@ -328,7 +339,13 @@ class ChunkStore:
         items = list(items)
         if len(items) <= 1 or self._closed:
             return [fn(i) for i in items]
-        return list(self._pool.map(fn, items))
+        futs = []
+        try:
+            for i in items:
+                futs.append(self._pool.submit(fn, i))
+        except RuntimeError:  # at interpreter exit the pool takes no new work: the rest runs inline
+            return [f.result() for f in futs] + [fn(i) for i in items[len(futs):]]
+        return [f.result() for f in futs]
 
     def wait_rebuilt(self, timeout: float | None = None) -> bool:
         """Block until every tier's background index rebuild is done (tests, CLI)."""
@@ -372,6 +389,7 @@ class ChunkStore:
                     problems.append(f"{tier.name}: {where}: {e}")
                     if fix and isinstance(e, RecordError):
                         tier.forget(ikey, ref, getattr(e, "reason", "verify"))
+                        self.counters.add("quarantined")
                 if progress is not None:
                     progress(n, len(recs))
         return problems
