@@ -39,6 +39,8 @@ LIVE_INTERVALS = 3
 #: `lifeboat stats` sums processes seen within this window by default (live and recent ones).
 DEFAULT_RECENT_S = 24 * 3600.0
 ENV_INTERVAL = "LIFEBOAT_STATS_INTERVAL_S"
+#: Stats files not updated for this long are removed when a reporter starts (the directory stays small).
+KEEP_S = 30 * 86400.0
 
 
 def stats_dir(settings: Settings) -> Path:
@@ -138,6 +140,7 @@ class StatsReporter:
         self.dir = directory if directory is not None else stats_dir(store.settings)
         self.path = self.dir / f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}.json"
         self.started = time.time()
+        prune(self.dir, self.started - KEEP_S)
         self._errors = _LastError()
         logging.getLogger("lifeboat_cache").addHandler(self._errors)
         self._stop = threading.Event()
@@ -186,6 +189,21 @@ class StatsReporter:
         if self.exporter is not None:
             self.exporter.close()
         logging.getLogger("lifeboat_cache").removeHandler(self._errors)
+
+
+def prune(directory: Path, older_than: float) -> None:
+    """Remove stats files (and stray temp files) last written before `older_than` (unix seconds)."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        if p.suffix in (".json", ".tmp"):
+            try:
+                if p.stat().st_mtime < older_than:
+                    p.unlink()
+            except OSError:
+                continue
 
 
 # ------------------------------------------------------------------------------------------ reading

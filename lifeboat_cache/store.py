@@ -145,6 +145,8 @@ class ChunkStore:
         hits = self.contains(ns, keys)
         n = hits.index(False) if False in hits else len(hits)
         self.counters.observe("exists", time.perf_counter() - t0)
+        self.counters.add("lookup_keys", len(keys))
+        self.counters.add("lookup_hits", n)
         if self.trace:
             log.info("lifeboat trace: exists %d keys -> %d leading hits", len(keys), n)
         return n
