@@ -121,9 +121,10 @@ class PrometheusExporter:
 
     def _count(self, name: str, value: float, **labels: str) -> None:
         key = (name, tuple(sorted(labels.items())))
+        child = self.fam[name].labels(**self.base, **labels)  # a series exists from the first sync, at 0
         delta = value - self._last.get(key, 0.0)
         if delta > 0:
-            self.fam[name].labels(**self.base, **labels).inc(delta)
+            child.inc(delta)
             self._last[key] = value
 
     def _gauge(self, name: str, value: float | None, **labels: str) -> None:
