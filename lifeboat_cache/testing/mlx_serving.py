@@ -69,13 +69,18 @@ class MlxServing:
     """One model, one tree cache, requests served sequentially (see module doc)."""
 
     def __init__(self, model_dir: str | os.PathLike[str], *, lifeboat: bool = True, pool_size: int = 8192,
-                 max_running_requests: int = 4, context_len: int | None = None, warmup: bool = False) -> None:
+                 max_running_requests: int = 4, context_len: int | None = None, warmup: bool = False,
+                 named: bool = False) -> None:
+        """``named``: the launch types ``--radix-cache-backend lifeboat`` and LIFEBOAT_CACHE is unset."""
         import torch
 
         _preresolve_mlx_gate()
         if lifeboat:
             os.environ["SGLANG_USE_MLX"] = "1"
-            os.environ["LIFEBOAT_CACHE"] = "1"
+            if named:
+                os.environ.pop("LIFEBOAT_CACHE", None)
+            else:
+                os.environ["LIFEBOAT_CACHE"] = "1"
         from sglang.srt.plugins import load_plugins
 
         load_plugins()
@@ -96,7 +101,8 @@ class MlxServing:
         self.model_dir = str(model_dir)
         reset_context()
         self.server_args = ServerArgs(model_path=self.model_dir, device="cpu", page_size=1,
-                                      disable_overlap_schedule=True)
+                                      disable_overlap_schedule=True,
+                                      **({"radix_cache_backend": "lifeboat"} if named else {}))
         publish(self.server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=None))
         self.backend = get_memory().radix_cache_backend
         self.model_config = ModelConfig.from_server_args(self.server_args)
@@ -322,7 +328,8 @@ def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
 
     out_dir = Path(plan["out"]) if plan.get("out") else None
     serving = MlxServing(plan["model"], lifeboat=plan.get("lifeboat", True),
-                         pool_size=int(plan.get("pool_size", 4096)), warmup=bool(plan.get("warmup", False)))
+                         pool_size=int(plan.get("pool_size", 4096)), warmup=bool(plan.get("warmup", False)),
+                         named=bool(plan.get("named", False)))
     prompts = {k: [int(t) for t in v] for k, v in (plan.get("prompts") or {}).items()}
     results: dict[str, Any] = {"backend": serving.backend, "cache_class": type(serving.cache).__name__,
                                "steps": {}}
