@@ -199,7 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="model dtype (float32 is the fast one on Linux CPU with OpenBLAS)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("LIFEBOAT_LOG_LEVEL", "WARNING"),
+    from ..config import ConfigError
+    from ..testing.mlx_serving import parse_log_level
+
+    try:
+        level = parse_log_level(os.environ)
+    except ConfigError as e:
+        print(f"lifeboat demo: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.cmd == "visit":
         result = visit(args.model, args.salt, args.max_new_tokens)

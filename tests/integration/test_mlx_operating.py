@@ -105,3 +105,11 @@ def test_bad_rebuild_wait_names_the_variable(world: dict) -> None:
         run_plan_process(_plan(world["model"], world["root"] / "bad", []), env, timeout=600)
     assert "LIFEBOAT_MLX_REBUILD_WAIT_S='abc' is invalid" in str(e.value)
     assert "could not convert string to float" not in str(e.value)
+
+
+def test_hierarchical_cache_is_refused_with_its_message(world: dict) -> None:
+    """docs/mlx.md: `--enable-hierarchical-cache` stops the launch (it is not a silent fallback)."""
+    plan = {**_plan(world["model"], world["root"] / "hicache", []), "hicache": True}
+    with pytest.raises(RuntimeError) as e:
+        run_plan_process(plan, _env(world["xdg"], world["prom"]), timeout=600)
+    assert "drop --enable-hierarchical-cache" in str(e.value)
