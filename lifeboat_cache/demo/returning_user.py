@@ -126,7 +126,7 @@ def disk_bytes(path: Path, exclude: Path | None = None) -> int:
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def run_demo(salt: str | None, max_new_tokens: int, dtype: str) -> int:

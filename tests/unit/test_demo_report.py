@@ -29,12 +29,12 @@ def test_disk_use_counts_model_and_store_and_says_how_to_remove(tmp_path: Path, 
     store = tmp_path / "store"
     model = store / "models" / "m"
     model.mkdir(parents=True)
-    (model / "w.safetensors").write_bytes(os.urandom(3_000_000))
-    (store / "a.seg").write_bytes(os.urandom(2_000_000))
+    (model / "w.safetensors").write_bytes(os.urandom(3 << 20))
+    (store / "a.seg").write_bytes(os.urandom(2 << 20))
     cfg = tmp_path / "lifeboat.yaml"
     cfg.write_text(f"storage:\n  - type: local\n    path: {store}\n")
-    demo.print_disk_use(load_settings(cfg), model, 1_500_000)
+    demo.print_disk_use(load_settings(cfg), model, 5 << 19)
     out = capsys.readouterr().out
-    assert "model 3 MB" in out and "this run 2 MB" in out  # 1.5 MB rounds to 2
-    assert f"store {store} now holds 2 MB (besides the model)" in out
+    assert "model 3 MiB" in out and "this run 2 MiB" in out  # 2.5 MiB rounds to 2
+    assert f"store {store} now holds 2 MiB (besides the model)" in out
     assert f"rm -rf {model}" in out and f"rm -rf {store}" in out and "and the model" in out
