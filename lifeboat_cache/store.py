@@ -171,8 +171,12 @@ class ChunkStore:
 
     def exists(self, ns: bytes, keys: Sequence[str | bytes]) -> int:
         """How many keys, from the first, are stored (SGLang's batch_exists contract)."""
+        t0 = time.perf_counter()
         hits = self.contains(ns, keys)
         n = hits.index(False) if False in hits else len(hits)
+        self.counters.observe("exists", time.perf_counter() - t0)
+        self.counters.add("lookup_keys", len(keys))
+        self.counters.add("lookup_hits", n)
         if self.trace:
             log.info("lifeboat trace: exists %d keys -> %d leading hits", len(keys), n)
         return n
@@ -258,12 +262,14 @@ class ChunkStore:
             self.counters.add("pages_written")
             self.counters.add("bytes_written_raw", sum(p.nbytes for p in pieces))
             self.counters.add("bytes_written_stored", length)
+            self.counters.add_namespace(ns, 1, length)
             return True
 
         for i, ok in zip(todo, self._map_until(one, todo, t_end, gate, cd, "write")):
             results[i] = ok
         if todo and all(results[i] for i in todo):
             cd.ok()
+        self.counters.observe("set", time.perf_counter() - t0)
         if self.trace:
             log.info("lifeboat trace: put %d pages, %d new, %d ok in %.2f ms", len(keys), len(todo),
                      sum(results), (time.perf_counter() - t0) * 1e3)
@@ -353,6 +359,8 @@ class ChunkStore:
         n_ok = sum(results)
         self.counters.add("pages_read", n_ok)
         self.counters.add("read_misses", len(keys) - n_ok)
+        self.counters.add("bytes_read", sum(sum(p.nbytes for p in views[i][0]) for i, ok in enumerate(results) if ok))
+        self.counters.observe("get", time.perf_counter() - t0)
         if self.trace:
             log.info("lifeboat trace: get %d pages, %d hits in %.2f ms", len(keys), n_ok,
                      (time.perf_counter() - t0) * 1e3)
@@ -360,9 +368,11 @@ class ChunkStore:
 
     def _read_one(self, ns: bytes, ikey: int, digest: bytes, dst: list[np.ndarray], affinity: int = 0,
                   slot: tuple[Gate, int, list[int]] | None = None) -> bool:
+        skipped = False
         for level, (tier, cd) in enumerate(zip(self.tiers, self.read_cooldowns)):
             if cd.active():
                 self.counters.add("tier_skipped_cooldown")
+                skipped = True
                 continue
             ref = tier.locate(ikey)
             if ref is None:
@@ -385,6 +395,8 @@ class ChunkStore:
                 self.counters.add(f"hits_tier{level}")
                 self._promote(ikey, digest, raw, affinity)
             return True
+        if skipped:
+            self.counters.add("miss_cooldown")
         return False
 
     def _read_record(self, tier: Tier, ref: Ref, ns: bytes, ikey: int, digest: bytes,
@@ -433,6 +445,7 @@ class ChunkStore:
             self.counters.add(f"miss_{e.reason}")
             if e.reason not in ("foreign", "size"):  # intact records of other keys are left alone
                 tier.forget(ikey, ref, e.reason)
+                self.counters.add("quarantined")
                 log.warning("lifeboat: dropped a bad record on %s (%s)", tier.name, e)
             return None
         if direct:
@@ -455,7 +468,13 @@ class ChunkStore:
         items = list(items)
         if len(items) <= 1 or self._closed:
             return [fn(i) for i in items]
-        return [f.result() for f in [self._pool.submit(fn, i) for i in items]]
+        futs = []
+        try:
+            for i in items:
+                futs.append(self._pool.submit(fn, i))
+        except RuntimeError:  # at interpreter exit the pool takes no new work: the rest runs inline
+            return [f.result() for f in futs] + [fn(i) for i in items[len(futs):]]
+        return [f.result() for f in futs]
 
     def _map_until(self, fn: Callable[[int], bool], items: list[int], t_end: float, gate: Gate,
                    cd: Cooldown | None, what: str, where: list[int] | None = None,
@@ -594,6 +613,7 @@ class ChunkStore:
                     problems.append(f"{tier.name}: {where}: {e}")
                     if fix and isinstance(e, RecordError):
                         tier.forget(ikey, ref, getattr(e, "reason", "verify"))
+                        self.counters.add("quarantined")
                 if progress is not None:
                     progress(n, len(recs))
         return problems

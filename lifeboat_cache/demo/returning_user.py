@@ -2,13 +2,16 @@
 
 Visit 1 is a fresh process that answers a long chat prompt (two public-domain documents and a
 question) with SmolLM2-135M-Instruct through SGLang's MLX runner and LifeboatCache's ``lifeboat``
-radix-cache backend, then exits. Its finished request's 64-token chunks are written to the embedded
-default store (``~/.cache/lifeboat``). Visit 2 is another fresh process (nothing in memory) that
-answers the same prompt: its prefix comes back from the store instead of being recomputed.
+radix-cache backend, then exits. Its finished request's 64-token chunks are written to the store
+that ``lifeboat.yaml`` configures (the usual lookup; without one, the embedded default store under
+``~/.cache/lifeboat``). Visit 2 is another fresh process (nothing in memory) that answers the same
+prompt: its prefix comes back from the store instead of being recomputed.
 
-The demo prints, for both visits, the cached tokens and the time to first token, and whether the two
-answers are identical. Each demo run uses a new ``cache_salt`` (SGLang's per-tenant cache
-partition), so visit 1 is cold even when the store already holds an earlier run; ``--salt`` reuses one.
+The demo prints the store it actually uses, then for both visits the cached tokens, the time to first
+token and what happened (cold: computed; warm: restored from the store), whether the two answers are
+identical, and at the end the disk it used and how to remove it. Each demo run uses a new
+``cache_salt`` (SGLang's per-tenant cache partition), so visit 1 is cold even when the store already
+holds an earlier run; ``--salt`` reuses one, and then visit 1 is warm too (and labelled so).
 
 SGLang's MLX server refuses to start without an Apple Metal device, so each visit drives SGLang's
 MLX classes directly, in the scheduler's order (``lifeboat_cache.testing.mlx_serving``).
@@ -60,11 +63,12 @@ def visit(model_dir: str, salt: str, max_new_tokens: int) -> dict[str, Any]:
     r = serving.generate(ids, max_new_tokens, cache_salt=salt)
     flushed = serving.flush()
     stats = serving.engine.stats() if serving.engine is not None else {}
+    stored_bytes = serving.engine.store.counters.get("bytes_written_stored") if serving.engine is not None else 0
     serving.close()
     return {"prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens, "ttft_s": r.ttft_s,
             "decode_s": r.decode_s, "output_ids": r.output_ids, "answer": decode(model_dir, r.output_ids),
             "startup_s": startup_s, "flushed": flushed, "backend": serving.backend,
-            "chunks_written": stats.get("mlx_chunks_written", 0), "stats": stats}
+            "chunks_written": stats.get("mlx_chunks_written", 0), "stored_bytes": stored_bytes, "stats": stats}
 
 
 def _child_env() -> dict[str, str]:
@@ -86,35 +90,101 @@ def _run_visit(model_dir: Path, salt: str, max_new_tokens: int) -> dict[str, Any
     raise SystemExit(f"the visit process failed (exit {proc.returncode})")
 
 
+def outcome(v: dict[str, Any]) -> str:
+    """What happened in a visit, from what it reports (not from its position in the demo)."""
+    if v["cached_tokens"] <= 0:
+        return "cold: the whole prompt was computed"
+    return f"warm: {v['cached_tokens']} of {v['prompt_tokens']} prompt tokens restored from the store"
+
+
+def describe_store(settings: Any) -> str:
+    """The store the visits open: the config's source and each tier's place."""
+    where = []
+    for ts in settings.storage:
+        if ts.paths:
+            where.append(f"{ts.type} {', '.join(str(p) for p in ts.paths)}")
+        else:
+            where.append(f"{ts.type} s3://{ts.bucket}/{ts.prefix}")
+    source = settings.source
+    if Path(source).is_file():
+        source = str(Path(source).resolve())
+    return f"{source}: {'; '.join(where)}"
+
+
+def disk_bytes(path: Path, exclude: Path | None = None) -> int:
+    """Bytes of the files under ``path`` (``exclude``'s subtree left out); 0 when it does not exist."""
+    total = 0
+    for root, dirs, files in os.walk(path):
+        if exclude is not None:
+            dirs[:] = [d for d in dirs if Path(root, d) != exclude]
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
 def run_demo(salt: str | None, max_new_tokens: int, dtype: str) -> int:
-    from ..config import default_cache_dir
+    from ..config import load_settings
     from .smollm2 import ensure_model
 
+    settings = load_settings()  # the same lookup as each visit's process (same directory and environment)
     model_dir = ensure_model(dtype=dtype)
+    fresh_salt = salt is None
     salt = salt or secrets.token_hex(4)
     print("LifeboatCache returning-user demo (SGLang MLX backend, --radix-cache-backend lifeboat)")
     print(f"  model : SmolLM2-135M-Instruct ({dtype}), {model_dir}")
-    print(f"  store : embedded default, {default_cache_dir()}")
-    print(f"  salt  : {salt} (new per run so visit 1 starts cold; --salt {salt} reuses it)")
+    print(f"  store : {describe_store(settings)}")
+    print(f"  salt  : {salt} " + ("(new for this run, so visit 1 starts cold; --salt " + salt + " reuses it)"
+                                  if fresh_salt else "(given: visit 1 is warm if an earlier run used it)"))
     print()
     visits = []
-    for n, label in ((1, "first visit (fresh process, cold)"), (2, "returning user (fresh process)")):
+    for n, label in ((1, "first visit (fresh process)"), (2, "returning user (fresh process)")):
         print(f"visit {n}: {label} ...", flush=True)
         v = _run_visit(model_dir, salt, max_new_tokens)
         visits.append(v)
+        print(f"  {outcome(v)}")
         print(f"  prompt tokens {v['prompt_tokens']}, cached tokens {v['cached_tokens']}, "
               f"time to first token {v['ttft_s'] * 1e3:.0f} ms")
         print(f"  answer: {v['answer'].strip()}")
         print()
     first, second = visits
     same = first["output_ids"] == second["output_ids"]
-    speedup = first["ttft_s"] / second["ttft_s"] if second["ttft_s"] > 0 else float("inf")
     print(f"cached tokens     : {first['cached_tokens']} -> {second['cached_tokens']} "
           f"of {second['prompt_tokens']}")
-    print(f"time to 1st token : {first['ttft_s'] * 1e3:.0f} ms -> {second['ttft_s'] * 1e3:.0f} ms "
-          f"({speedup:.1f}x faster)")
+    ttft = f"{first['ttft_s'] * 1e3:.0f} ms -> {second['ttft_s'] * 1e3:.0f} ms"
+    if first["cached_tokens"] == 0 and second["cached_tokens"] > 0 and second["ttft_s"] > 0:
+        ttft += f" ({first['ttft_s'] / second['ttft_s']:.1f}x faster restored than computed)"
+    elif first["cached_tokens"] > 0:
+        ttft += " (both visits were warm, so there is no cold time to compare; run without --salt)"
+    print(f"time to 1st token : {ttft}")
     print(f"answers identical : {'yes' if same else 'NO'}")
+    print_disk_use(settings, model_dir, sum(v["stored_bytes"] for v in visits))
     return 0 if same and second["cached_tokens"] > 0 else 1
+
+
+def print_disk_use(settings: Any, model_dir: Path, run_bytes: int) -> None:
+    """How much disk the demo used and how to remove it."""
+    model = disk_bytes(model_dir)
+    print()
+    print(f"disk used         : model {_mb(model)} in {model_dir}")
+    print(f"                    KV chunks written by this run {_mb(run_bytes)}")
+    local = [p for ts in settings.storage for p in ts.paths]
+    for p in local:
+        inside = " (besides the model)" if model_dir.is_relative_to(p) else ""
+        print(f"                    store {p} now holds {_mb(disk_bytes(p, exclude=model_dir.parent))}{inside}")
+    print("to remove it      : rm -rf " + str(model_dir) + "   (the model; the next demo run rebuilds it)")
+    if local:
+        also = " and the model" if any(model_dir.is_relative_to(p) for p in local) else ""
+        print("                    rm -rf " + " ".join(str(p) for p in local)
+              + f"   (every cached chunk in this store, of every model{also}: stop servers using it first)")
+    if any(not ts.paths for ts in settings.storage):
+        print("                    S3 tiers keep their objects under the configured bucket/prefix")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="model dtype (float32 is the fast one on Linux CPU with OpenBLAS)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("LIFEBOAT_LOG_LEVEL", "WARNING"),
+    from ..config import ConfigError
+    from ..testing.mlx_serving import parse_log_level
+
+    try:
+        level = parse_log_level(os.environ)
+    except ConfigError as e:
+        print(f"lifeboat demo: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.cmd == "visit":
         result = visit(args.model, args.salt, args.max_new_tokens)

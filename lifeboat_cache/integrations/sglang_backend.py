@@ -48,6 +48,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 from ..config import ConfigError, load_settings
 from ..keys import namespace_fingerprint
 from ..runtimes.cuda import parse_zero_copy
+from ..statsfile import StatsReporter
 from ..store import ChunkStore
 from .sglang_checks import MAX_CALL_PAGES, BadCall, check_extra_info, check_indices, check_keys, check_pages, count
 
@@ -233,6 +234,8 @@ class LifeboatHiCacheStorage(HiCacheStorage):
                                            ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")}
         self.store = ChunkStore.open(dataclasses.replace(
             settings, engine=dataclasses.replace(settings.engine, trace=False)))
+        self.reporter = StatsReporter(self.store, role="sglang-hicache",  # stats file + lifeboat_* metrics
+                                      labels={"model": self.model_id, "rank": storage_config.tp_rank})
         self._closed = False
         log.info("lifeboat: HiCache L3 backend (tp %d/%d, pp %d/%d, %s, %s) on %s",
                  storage_config.tp_rank, storage_config.tp_size, storage_config.pp_rank,
@@ -287,6 +290,8 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         if getattr(cfg, "dcp_size", 1) > 1:
             parts.update(dcp_rank=cfg.dcp_rank, dcp_size=cfg.dcp_size, logical_page_size=cfg.logical_page_size)
         self.pools[name] = _Pool(name, host, namespace_fingerprint(**parts), replicated, self.zero_copy)
+        self.store.counters.name_namespace(self.pools[name].ns, model=self.model_id, pool=name,
+                                           rank=None if replicated else cfg.tp_rank)
 
     def _pool(self, name: Any) -> _Pool:
         pool = self.pools.get(str(name))
@@ -518,6 +523,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         self._closed = True
         try:
             self.store.flush()
+            self.reporter.close()
             self.store.close()
         except Exception as e:
             log.warning("lifeboat: close failed: %s", e)

@@ -27,7 +27,6 @@ written" and is counted and logged. Private SGLang names used (pin ``sglang==0.5
 
 from __future__ import annotations
 
-import atexit
 import functools
 import inspect
 import logging
@@ -52,7 +51,9 @@ from sglang.srt.mem_cache.unified_cache.components import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from ..config import ConfigError, Settings, load_settings
-from ..runtimes.mlx import CHUNK_TOKENS, ChunkRead, MlxChunkEngine, ModelFingerprint, mx_dtype_name, weights_identity
+from ..runtimes.mlx import (CHUNK_TOKENS, ChunkRead, MlxChunkEngine, ModelFingerprint, drain_at_exit, mx_dtype_name,
+                             weights_identity)
+from ..statsfile import StatsReporter
 from ..runtimes.mlx_hybrid import HybridState
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ HYBRID_CONCURRENCY_MESSAGE = (
 )
 ENV_REBUILD_WAIT = "LIFEBOAT_MLX_REBUILD_WAIT_S"
 DEFAULT_REBUILD_WAIT_S = 10.0
+EXIT_DRAIN_S = 10.0  # a clean exit writes the queued chunks for at most this long
 _LOG_EVERY_S = 30.0
 
 
@@ -245,6 +247,7 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
         eng.counters.add("mlx_tokens_restored", restored)
         eng.counters.add("mlx_chunks_restored", upto - c0)
         eng.clock.add("extend", time.perf_counter() - t0)
+        eng.counters.observe("mlx_restore", time.perf_counter() - t0)
         log.debug("lifeboat: %s: prefix %d -> %d tokens from the store (read %.1f ms)",
                   getattr(req, "rid", "?"), m, new.device_prefix_len, read.seconds * 1e3)
         return new
@@ -525,6 +528,21 @@ def resolve_model_dir(runner: Any, model_path: str) -> str:
     return str(resolve_model_directory(model_path, revision=getattr(runner, "revision", None)))
 
 
+def parse_rebuild_wait(env: Any) -> float:
+    """`LIFEBOAT_MLX_REBUILD_WAIT_S`: seconds the launch waits for the store's index (0 .. 3600)."""
+    raw = (env.get(ENV_REBUILD_WAIT) or "").strip()
+    if not raw:
+        return DEFAULT_REBUILD_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 3600.0:
+        raise ConfigError(f"{ENV_REBUILD_WAIT}={raw!r} is invalid: allowed values are seconds from 0 to 3600 "
+                          f"(default {DEFAULT_REBUILD_WAIT_S:.0f}), e.g. {ENV_REBUILD_WAIT}=30")
+    return value
+
+
 def _fallback(ctx: "TreeCacheBuildContext", why: str) -> BasePrefixCache:
     from sglang.srt.mem_cache.registry import default_radix_cache_factory
 
@@ -553,6 +571,7 @@ def create_lifeboat_radix_cache(ctx: "TreeCacheBuildContext") -> BasePrefixCache
         return _fallback(ctx, "the model has no full-attention layers to persist")
 
     settings = mlx_settings()  # ConfigError (a typo in lifeboat.yaml) stops the launch with its message
+    wait_s = parse_rebuild_wait(os.environ)  # a bad value stops the launch naming the variable
     hybrid = None
     if ctx.is_hybrid_ssm or layout.has_auxiliary_state:
         hybrid = HybridState.probe(runner)
@@ -566,13 +585,16 @@ def create_lifeboat_radix_cache(ctx: "TreeCacheBuildContext") -> BasePrefixCache
         raise
     except OSError as e:
         return _fallback(ctx, f"cannot open the LifeboatCache store ({e})")
-    wait_s = float(os.environ.get(ENV_REBUILD_WAIT, DEFAULT_REBUILD_WAIT_S))
     if not store.wait_rebuilt(wait_s):
         log.warning("lifeboat: the store index is still rebuilding after %.0f s; early requests may miss", wait_s)
     engine = MlxChunkEngine(store, fp, queue_bytes=settings.engine.copy_queue_bytes)
-    # best effort on a clean interpreter exit: write what is queued (a killed process loses only
-    # that tail, which is recomputed next time, never served wrong)
-    atexit.register(engine.close, 10.0)
+    store.counters.name_namespace(engine.ns, model=str(runner.model_path), kind="mlx-kv", dtype=fp.dtype)
+    if hybrid is not None:
+        store.counters.name_namespace(engine.state_ns, model=str(runner.model_path), kind="mlx-state")
+    engine.reporter = StatsReporter(store, role="mlx", labels={"model": str(runner.model_path), "rank": "0"})
+    # a clean exit writes what is queued, within a bounded time (a killed process loses only that
+    # tail, which is recomputed next time, never served wrong)
+    drain_at_exit(engine, EXIT_DRAIN_S)
 
     params = ctx.params
     components = [ComponentType.FULL]

@@ -14,7 +14,8 @@ nothing and validates nothing; it installs:
 * in processes that build KV pools (the scheduler), two `HookRegistry` AROUND hooks that bound
   SGLang's GPU write-back staging buffer (see `_bound_mha_staging`), inert unless the published
   launch uses the LifeboatCache backend.
-* under `SGLANG_USE_MLX=1` with `LIFEBOAT_CACHE=1`, the MLX radix-cache backend `lifeboat`.
+* under `SGLANG_USE_MLX=1`, the MLX radix-cache backend `lifeboat`, so `--radix-cache-backend
+  lifeboat` works when named; `LIFEBOAT_CACHE=1` additionally picks it for a launch that names none.
 """
 
 from __future__ import annotations
@@ -308,13 +309,11 @@ def _bound_mla_staging(original: Callable[..., Any], pool: Any, *args: Any, **kw
 
 
 def _register_mlx_radix_backend() -> None:
-    """Register `--radix-cache-backend lifeboat` on MLX launches with LIFEBOAT_CACHE=1 (idempotent)."""
-    try:
-        enabled = cuda.parse_enable(os.environ)
-    except ValueError:
-        return  # the resolution hook raises the same error and stops the launch with its message
-    if not enabled:
-        return
+    """Register `--radix-cache-backend lifeboat` on every MLX launch (idempotent).
+
+    Registering only names a choice: the backend is built only when the launch names it (typed, or
+    declared by the resolution hook under LIFEBOAT_CACHE=1), so other launches are untouched.
+    """
     from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
 
     if get_radix_cache_factory(RADIX_BACKEND_NAME) is not None:

@@ -25,6 +25,8 @@ Why the pieces look the way they do:
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import json
 import logging
@@ -431,12 +433,46 @@ class ChunkWriter:
         return True
 
     def close(self, timeout: float | None = 30.0) -> bool:
+        """Write what is queued within ``timeout`` seconds, then stop; True when nothing was left.
+
+        Chunks still queued at the deadline are dropped and counted (``mlx_chunks_dropped_exit``),
+        with one log line: they are recomputed next time, never served wrong.
+        """
+        t0 = time.monotonic()
         done = self.flush(timeout)
         with self._cv:
             self._closed = True
+            left = sum(len(b.keys) for b in self._queue)
+            for b in self._queue:
+                self._queued_bytes -= b.nbytes
+                for k in b.keys:
+                    self._pending.pop(k, None)
+            self._queue.clear()
             self._cv.notify_all()
+        if left:
+            self.counters.add("mlx_chunks_dropped_exit", left)
+            log.warning("lifeboat: %d queued KV chunks were not written within %.1f s of shutdown; they are "
+                        "recomputed next time", left, time.monotonic() - t0)
         self._thread.join(timeout=1.0)
         return done
+
+
+def drain_at_exit(engine: "MlxChunkEngine", timeout_s: float) -> None:
+    """Close ``engine`` (drain its writer within ``timeout_s``) at a clean interpreter exit.
+
+    Registered with ``threading``'s exit hooks, which run before ``atexit`` and, being registered
+    later, before ``concurrent.futures`` stops taking work: the store's io pool is still there while
+    the queue drains (plain ``atexit`` ran after it and every multi-chunk write failed with "cannot
+    schedule new futures after interpreter shutdown").
+    """
+    fn = functools.partial(engine.close, timeout_s)
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("no threading exit hooks")
+        register(fn)
+    except RuntimeError:
+        atexit.register(fn)
 
 
 # -------------------------------------------------------------------------------------------- reader
@@ -614,6 +650,7 @@ class MlxChunkEngine:
         self.counters = store.counters
         self._owns_store = owns_store
         self._closed = False
+        self.reporter: Any = None  # a StatsReporter (stats file, Prometheus) when serving
 
     # -------------------------------------------------------------- keys
     def seed(self, extra_key: str | None = None, cache_salt: str | None = None) -> bytes:
@@ -747,5 +784,7 @@ class MlxChunkEngine:
         self._closed = True
         self.writer.close(timeout)
         self.reader.close()
+        if self.reporter is not None:
+            self.reporter.close()  # after the drain, so the last stats file counts it
         if self._owns_store:
             self.store.close()

@@ -69,13 +69,18 @@ class MlxServing:
     """One model, one tree cache, requests served sequentially (see module doc)."""
 
     def __init__(self, model_dir: str | os.PathLike[str], *, lifeboat: bool = True, pool_size: int = 8192,
-                 max_running_requests: int = 4, context_len: int | None = None, warmup: bool = False) -> None:
+                 max_running_requests: int = 4, context_len: int | None = None, warmup: bool = False,
+                 named: bool = False, hicache: bool = False) -> None:
+        """``named``: the launch types ``--radix-cache-backend lifeboat`` and LIFEBOAT_CACHE is unset."""
         import torch
 
         _preresolve_mlx_gate()
         if lifeboat:
             os.environ["SGLANG_USE_MLX"] = "1"
-            os.environ["LIFEBOAT_CACHE"] = "1"
+            if named:
+                os.environ.pop("LIFEBOAT_CACHE", None)
+            else:
+                os.environ["LIFEBOAT_CACHE"] = "1"
         from sglang.srt.plugins import load_plugins
 
         load_plugins()
@@ -96,7 +101,8 @@ class MlxServing:
         self.model_dir = str(model_dir)
         reset_context()
         self.server_args = ServerArgs(model_path=self.model_dir, device="cpu", page_size=1,
-                                      disable_overlap_schedule=True)
+                                      disable_overlap_schedule=True,
+                                      **({"radix_cache_backend": "lifeboat"} if named else {}))
         publish(self.server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=None))
         self.backend = get_memory().radix_cache_backend
         self.model_config = ModelConfig.from_server_args(self.server_args)
@@ -125,7 +131,7 @@ class MlxServing:
                                  token_to_kv_pool_allocator=self.allocator, page_size=1)
         ctx = TreeCacheBuildContext(
             server_args=self.server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=self.hybrid,
-            enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=self.worker,
+            enable_hierarchical_cache=hicache, disable_radix_cache=False, tp_worker=self.worker,
             model_config=self.model_config, tp_size=1, tp_rank=0, tp_group=None)
         self.cache = create_tree_cache(ctx)
         self._scheduler = self._scheduler_shell()
@@ -322,7 +328,8 @@ def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
 
     out_dir = Path(plan["out"]) if plan.get("out") else None
     serving = MlxServing(plan["model"], lifeboat=plan.get("lifeboat", True),
-                         pool_size=int(plan.get("pool_size", 4096)), warmup=bool(plan.get("warmup", False)))
+                         pool_size=int(plan.get("pool_size", 4096)), warmup=bool(plan.get("warmup", False)),
+                         named=bool(plan.get("named", False)), hicache=bool(plan.get("hicache", False)))
     prompts = {k: [int(t) for t in v] for k, v in (plan.get("prompts") or {}).items()}
     results: dict[str, Any] = {"backend": serving.backend, "cache_class": type(serving.cache).__name__,
                                "steps": {}}
@@ -373,7 +380,13 @@ def child_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str
     import sys
 
     env = dict(os.environ if base is None else base)
-    lib = env.get("LIFEBOAT_BLAS_PRELOAD") or DEFAULT_BLAS
+    given = env.get("LIFEBOAT_BLAS_PRELOAD")
+    if given and not os.path.isfile(given):
+        from ..config import ConfigError
+
+        raise ConfigError(f"LIFEBOAT_BLAS_PRELOAD={given!r}: no such file; point it at an OpenBLAS "
+                          f"libblas.so.3 (e.g. {DEFAULT_BLAS}) or unset it")
+    lib = given or DEFAULT_BLAS
     if sys.platform.startswith("linux") and os.path.exists(lib):
         parts = [p for p in env.get("LD_PRELOAD", "").split() if p and p != lib]
         env["LD_PRELOAD"] = " ".join([lib, *parts])
@@ -403,13 +416,24 @@ def run_plan_process(plan: dict[str, Any], env: dict[str, str], timeout: float =
     raise RuntimeError(f"plan process failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
 
 
+def parse_log_level(env: Any) -> str:
+    """``LIFEBOAT_LOG_LEVEL`` (DEBUG, INFO, WARNING, ERROR; default WARNING) for plan and demo processes."""
+    from ..config import ConfigError
+
+    value = (env.get("LIFEBOAT_LOG_LEVEL") or "WARNING").strip().upper()
+    if value not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError(f"LIFEBOAT_LOG_LEVEL={env.get('LIFEBOAT_LOG_LEVEL')!r} is invalid: allowed values are "
+                          "DEBUG, INFO, WARNING, ERROR, CRITICAL")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m lifeboat_cache.testing.mlx_serving plan.json``: run a plan, print its results."""
     import json
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=os.environ.get("LIFEBOAT_LOG_LEVEL", "WARNING"),
+    logging.basicConfig(level=parse_log_level(os.environ),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with open(args[0]) as f:
         plan = json.load(f)

@@ -586,10 +586,8 @@ def test_mlx_radix_backend_registration(monkeypatch, caplog) -> None:
     shim.create_lifeboat_radix_cache = factory
     monkeypatch.setitem(sys.modules, sglang_plugin.MLX_MODULE, shim)
 
-    sglang_plugin._register_mlx_radix_backend()  # LIFEBOAT_CACHE unset: nothing
-    assert registry.registered_radix_cache_backends() == []
-    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
-    sglang_plugin._register_mlx_radix_backend()
+    monkeypatch.delenv(cuda.ENV_ENABLE, raising=False)
+    sglang_plugin._register_mlx_radix_backend()  # LIFEBOAT_CACHE unset: registered all the same
     sglang_plugin._register_mlx_radix_backend()  # idempotent: a second registration would raise in SGLang
     assert registry.registered_radix_cache_backends() == ["lifeboat"]
     assert registry.get_radix_cache_factory("lifeboat") is factory

@@ -1,0 +1,69 @@
+"""metrics.Counters under concurrency, its histograms, namespace accounting and reason tables."""
+
+from __future__ import annotations
+
+import threading
+
+from lifeboat_cache import metrics
+from lifeboat_cache.metrics import LATENCY_BUCKETS_S, Counters
+
+
+def test_counters_histograms_and_namespaces_are_exact_under_threads() -> None:
+    c = Counters()
+    seen = []
+    c.add_listener(lambda name, s: seen.append(name))
+    n_threads, n = 8, 5000
+    barrier = threading.Barrier(n_threads)
+
+    def work(t: int) -> None:
+        barrier.wait()
+        for i in range(n):
+            c.add("x")
+            c.add("bytes", 3)
+            c.observe("get", 0.0003 if i % 2 else 0.02)
+            c.add_namespace(b"ns%d" % (t % 2), 1, 10)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    total = n_threads * n
+    assert c.get("x") == total and c.get("bytes") == 3 * total
+    h = c.histograms()["get"]
+    assert h["count"] == total and sum(h["buckets"]) == total
+    assert h["buckets"][LATENCY_BUCKETS_S.index(0.0005)] == total // 2   # 0.3 ms lands in (0.25, 0.5]
+    assert h["buckets"][LATENCY_BUCKETS_S.index(0.025)] == total // 2    # 20 ms lands in (10, 25]
+    assert len(seen) == total
+    ns = c.namespaces()
+    assert {k: v["pages_written"] for k, v in ns.items()} == {b"ns0".hex(): total // 2, b"ns1".hex(): total // 2}
+    assert all(v["bytes_written"] == 10 * total // 2 and v["last_write"] > 0 for v in ns.values())
+
+
+def test_a_failing_listener_never_reaches_the_caller() -> None:
+    c = Counters()
+
+    def boom(name: str, s: float) -> None:
+        raise RuntimeError("exporter down")
+
+    c.add_listener(boom)
+    c.observe("set", 0.001)  # no exception
+    c.remove_listener(boom)
+    assert c.histograms()["set"]["count"] == 1
+
+
+def test_reason_tables() -> None:
+    raw = {"read_misses": 10, "miss_stale": 1, "miss_checksum": 2, "miss_header": 1, "miss_foreign": 1,
+           "miss_cooldown": 2, "writes_dropped_cooldown": 4, "copy_dropped": 5, "pages_read": 20,
+           "hits_tier1": 6}
+    assert metrics.misses_by_reason(raw) == {"stale": 1, "corrupt": 3, "foreign": 1, "cooldown": 2,
+                                             "deadline": 0, "absent": 3}
+    drops = metrics.drops_by_reason(raw)
+    assert drops["cooldown"] == 4 and drops["copy_queue_full"] == 5 and drops["io_error"] == 0
+    assert metrics.hits_by_tier(raw, 2) == [14, 6]
+
+
+def test_namespace_labels_drop_empty_values() -> None:
+    c = Counters()
+    c.name_namespace(b"n", model="m", pool="kv", rank=None, empty="")
+    assert c.namespaces()[b"n".hex()]["labels"] == {"model": "m", "pool": "kv"}
