@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -47,7 +47,9 @@ class Copier:
     """Bounded queue + worker threads that copy records to tiers[1:]."""
 
     def __init__(self, tiers: Sequence[Tier], cooldowns: Sequence["Cooldown"], counters: Counters, *,
-                 max_bytes: int, workers: int = DEFAULT_COPY_WORKERS) -> None:
+                 max_bytes: int, workers: int = DEFAULT_COPY_WORKERS,
+                 recode: Callable[[int, bytes], bytes | memoryview] | None = None) -> None:
+        self.recode = recode  # (tier level, record) -> the record that tier stores (compression rule)
         self.tiers = list(tiers)
         self.cooldowns = list(cooldowns)
         self.counters = counters
@@ -133,7 +135,7 @@ class Copier:
                     self._cv.notify_all()
 
     def _copy(self, batch: list[_Item]) -> None:
-        for tier, cd in zip(self.tiers[1:], self.cooldowns[1:]):
+        for level, (tier, cd) in enumerate(zip(self.tiers[1:], self.cooldowns[1:]), 1):
             if cd.active():
                 self.counters.add("copy_skipped_cooldown", len(batch))
                 continue
@@ -145,7 +147,8 @@ class Copier:
             done = 0
             try:
                 for affinity, group in groups.items():
-                    tier.write_many([(it.ikey, it.digest, [it.record], len(it.record)) for it in group], affinity)
+                    recs = [it.record if self.recode is None else self.recode(level, it.record) for it in group]
+                    tier.write_many([(it.ikey, it.digest, [r], len(r)) for it, r in zip(group, recs)], affinity)
                     done += len(group)
             except OSError as e:
                 self.counters.add("copy_errors", sum(map(len, groups.values())) - done)
