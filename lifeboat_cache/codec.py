@@ -338,8 +338,8 @@ def build_record(page: np.ndarray | Sequence[np.ndarray], *, itemsize: int, dtyp
     if len(pieces) > 1 and compress:
         pieces = [np.concatenate(pieces)]
     raw_len = sum(p.nbytes for p in pieces)
-    codec, parts = encode(pieces[0], itemsize, compress) if len(pieces) == 1 else (RAW, list(pieces))
-    stored = sum(memoryview(p).nbytes for p in parts)  # type: ignore[arg-type]
+    codec, parts = encode(pieces[0], itemsize, compress) if len(pieces) == 1 else (RAW, pieces)
+    stored = raw_len if codec == RAW else sum(memoryview(p).nbytes for p in parts)  # type: ignore[arg-type]
     h = Header(codec, dtype, raw_len, stored, digest, namespace, payload_crc(parts))
     return pack_header(h), parts, HEADER_SIZE + stored
 

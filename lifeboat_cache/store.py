@@ -71,6 +71,13 @@ def _view(buf: object) -> tuple[list[np.ndarray], int, int]:
     bufs = list(buf) if isinstance(buf, (list, tuple)) else [buf]
     if not bufs:
         raise ValueError("a page needs at least one buffer")
+    first = bufs[0]
+    if len(bufs) > 1 and isinstance(first, np.ndarray) and first.ndim == 1:
+        # fast path for many blocks (a layer_first page is 2 x layers of them): one dtype, 1-D, contiguous
+        dt = first.dtype
+        if all(type(b) is np.ndarray and b.dtype == dt and b.ndim == 1 and b.flags.c_contiguous for b in bufs):
+            code = codec.dtype_code(first)
+            return [b.view(np.uint8) for b in bufs], codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[code]], code
     codes = {codec.dtype_code(b) if isinstance(b, np.ndarray) else codec.DTYPE_CODES["u1"] for b in bufs}
     code = codes.pop() if len(codes) == 1 else codec.DTYPE_CODES["u1"]
     return [codec.as_bytes_view(b) for b in bufs], codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[code]], code
