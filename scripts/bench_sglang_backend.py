@@ -2,8 +2,8 @@
 
 Command (from the repo root, inside the project venv):
     .venv/bin/python scripts/bench_sglang_backend.py --dir /var/tmp/lifeboat-sglang-bench
-    .venv/bin/python scripts/bench_sglang_backend.py --exists-pages 1000000   # the 1M-page exists claim
-    (--part throughput|exists runs one part; --cases small/layer_first/kv,... picks cases;
+    .venv/bin/python scripts/bench_sglang_backend.py --part exists --exists-pages 1000000   # batch_exists
+    (--part throughput (default), exists or all; --cases small/layer_first/kv,... picks cases;
      --compression zstd|none|auto sets LifeboatCache's engine.compression, default: its own default)
 
 What is measured, exactly:
