@@ -143,7 +143,8 @@ class _BlockPlan:
             for start in {page_size, max(0, (pages - 1) * page_size)}:
                 want = generic(start)
                 got = plan.blocks(start)
-                if [(b.ctypes.data, b.nbytes, b.dtype) for b in want] != [(b.ctypes.data, b.nbytes, b.dtype) for b in got]:
+                where = [(b.ctypes.data, b.nbytes, b.dtype) for b in got]
+                if where != [(b.ctypes.data, b.nbytes, b.dtype) for b in want]:
                     return None
             return plan
         except Exception as e:  # an unknown pool: the generic walk still works

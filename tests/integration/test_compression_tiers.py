@@ -26,7 +26,8 @@ def kv_pages(n: int, size: int = 1 << 15, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
-        x = rng.standard_normal(size).astype(np.float32) * np.exp(rng.standard_normal(64)).astype(np.float32).repeat(size // 64)
+        scale = np.exp(rng.standard_normal(64)).astype(np.float32).repeat(size // 64)
+        x = rng.standard_normal(size).astype(np.float32) * scale
         out.append((x.view(np.uint32) >> 16).astype(np.uint16))
     return out
 
@@ -60,7 +61,8 @@ def test_the_rule_per_tier(kind: str, engine: str, own: str | None, expected: bo
 
 
 def test_compression_is_a_tier_setting_and_bad_values_name_the_key(tmp_path: Path) -> None:
-    s = settings_from_dict({"storage": [tier("local", tmp_path / "a", compression="zstd"), tier("nfs", tmp_path / "b")]})
+    s = settings_from_dict({"storage": [tier("local", tmp_path / "a", compression="zstd"),
+                                        tier("nfs", tmp_path / "b")]})
     assert s.engine.compression == "auto"
     assert [t.compression for t in s.storage] == ["zstd", None]
     with pytest.raises(ConfigError, match=r"storage\[1\]\.compression: must be one of auto, zstd, none"):
