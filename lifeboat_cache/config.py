@@ -32,7 +32,7 @@ MAX_KEY_NAMESPACE_BYTES = 64
 MAX_SIZE_BYTES = 1 << 60  # 1 EiB: any larger size is a typo, and would overflow 64-bit offsets
 _MAX_NUMBER_CHARS = 64  # longer numerals are typos (and int() refuses > 4300 digits)
 TIER_TYPES = ("local", "nfs", "s3")
-COMPRESSIONS = ("zstd", "none")
+COMPRESSIONS = ("auto", "zstd", "none")  # auto: raw on local tiers, compressed on nfs / s3
 
 
 class ConfigError(ValueError):
@@ -71,12 +71,13 @@ class TierSettings:
     max_concurrency: int | None = None  # S3 requests in flight; None: io_workers + background threads
     failure_cooldown_s: float | None = None  # None: engine default
     failure_cooldown_max_s: float | None = None
+    compression: str | None = None  # None: engine.compression
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     io_workers: int = DEFAULT_IO_WORKERS
-    compression: str = "zstd"
+    compression: str = "auto"
     failure_cooldown_s: float = DEFAULT_FAILURE_COOLDOWN_S
     failure_cooldown_max_s: float = DEFAULT_FAILURE_COOLDOWN_MAX_S
     copy_queue_bytes: int = DEFAULT_COPY_QUEUE_BYTES
@@ -211,7 +212,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "lifeboat"
 
 
-_TIER_COMMON = {"type", "capacity", "failure_cooldown_s", "failure_cooldown_max_s"}
+_TIER_COMMON = {"type", "capacity", "failure_cooldown_s", "failure_cooldown_max_s", "compression"}
 _TIER_KEYS = {
     "local": _TIER_COMMON | {"path", "paths", "segment_size", "affinity_chunks", "refresh_interval_s"},
     "nfs": _TIER_COMMON | {"path", "segment_size", "refresh_interval_s", "seal_after_s"},
@@ -274,6 +275,8 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
     for k in ("failure_cooldown_s", "failure_cooldown_max_s"):
         if k in obj:
             kw[k] = _parse_float(obj[k], f"{where}.{k}", 0.0, 86400)
+    if "compression" in obj:
+        kw["compression"] = _parse_choice(obj["compression"], f"{where}.compression", COMPRESSIONS)
     return TierSettings(**kw)
 
 

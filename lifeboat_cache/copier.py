@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -49,7 +49,9 @@ class Copier:
     """Bounded queue + worker threads that copy records to tiers[1:]."""
 
     def __init__(self, tiers: Sequence[Tier], cooldowns: Sequence["Cooldown"], counters: Counters, *,
-                 max_bytes: int, workers: int = DEFAULT_COPY_WORKERS) -> None:
+                 max_bytes: int, workers: int = DEFAULT_COPY_WORKERS,
+                 recode: Callable[[int, bytes], bytes | memoryview] | None = None) -> None:
+        self.recode = recode  # (tier level, record) -> the record that tier stores (compression rule)
         self.tiers = list(tiers)
         self.cooldowns = list(cooldowns)
         self.counters = counters
@@ -135,7 +137,7 @@ class Copier:
                     self._cv.notify_all()
 
     def _copy(self, batch: list[_Item]) -> None:
-        for tier, cd in zip(self.tiers[1:], self.cooldowns[1:]):
+        for level, (tier, cd) in enumerate(zip(self.tiers[1:], self.cooldowns[1:]), 1):
             if cd.active():
                 self.counters.add("copy_skipped_cooldown", len(batch))
                 continue
@@ -147,7 +149,8 @@ class Copier:
             done = 0
             try:
                 for affinity, group in groups.items():
-                    recs = [(it.ikey, it.digest, [it.record], len(it.record)) for it in group]
+                    recs = [(it.ikey, it.digest, [r], len(r)) for it, r in
+                            ((it, it.record if self.recode is None else self.recode(level, it.record)) for it in group)]
                     if getattr(tier, "batch_writes", False):  # S3: the background client's timeouts,
                         tier.write_many(recs, affinity, background=True)  # not the data path's
                     else:

@@ -2,7 +2,7 @@
 
 The store coordinates; tiers store record bytes, the codec encodes and checks them. Encoding,
 writing, reading and decoding run on an io worker pool (`engine.io_workers`), so a 128-page call
-from SGLang is processed in parallel (zstd and CRC-32 release the GIL). Storage trouble never
+from SGLang is processed in parallel (zstd and file I/O release the GIL). Storage trouble never
 raises out of put / get_into / exists: it is a miss or a dropped write, counted by cause, logged
 once per cooldown, and the failing tier is skipped for a cooldown that doubles while it keeps
 failing. A record is verified (header, identity, payload checksum) before its bytes are trusted;
@@ -90,6 +90,13 @@ def _view(buf: object) -> tuple[list[np.ndarray], int, int]:
     bufs = list(buf) if isinstance(buf, (list, tuple)) else [buf]
     if not bufs:
         raise ValueError("a page needs at least one buffer")
+    first = bufs[0]
+    if len(bufs) > 1 and isinstance(first, np.ndarray) and first.ndim == 1:
+        # fast path for many blocks (a layer_first page is 2 x layers of them): one dtype, 1-D, contiguous
+        dt = first.dtype
+        if all(type(b) is np.ndarray and b.dtype == dt and b.ndim == 1 and b.flags.c_contiguous for b in bufs):
+            code = codec.dtype_code(first)
+            return [b.view(np.uint8) for b in bufs], codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[code]], code
     codes = {codec.dtype_code(b) if isinstance(b, np.ndarray) else codec.DTYPE_CODES["u1"] for b in bufs}
     code = codes.pop() if len(codes) == 1 else codec.DTYPE_CODES["u1"]
     return [codec.as_bytes_view(b) for b in bufs], codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[code]], code
@@ -98,6 +105,17 @@ def _view(buf: object) -> tuple[list[np.ndarray], int, int]:
 def _owned(parts: Sequence[object]) -> list[object]:
     """The record's parts as bytes the store owns (a raw payload part is a view of the caller's page)."""
     return [p if isinstance(p, bytes) else bytes(p) for p in parts]  # type: ignore[call-overload]
+
+
+def compresses(ts: TierSettings, engine_compression: str) -> bool:
+    """Whether a tier stores pages compressed: its own `compression:`, else the engine's, else
+    (`auto`) the rule: a local drive stores raw (zstd costs more CPU per byte than an NVMe write or
+    read saves, and raw pages read straight into SGLang's pool), nfs and s3 store compressed (the
+    network and the remote capacity are what is scarce there; ~1.45x smaller on real bf16 KV)."""
+    choice = ts.compression or engine_compression
+    if choice == "auto":
+        return ts.type in ("nfs", "s3")
+    return choice == "zstd"
 
 
 class ChunkStore:
@@ -109,7 +127,10 @@ class ChunkStore:
         self.settings = settings
         self.tiers = list(tiers)
         eng = settings.engine
-        self.compress = eng.compression == "zstd"
+        # per tier: store compressed or raw (see compresses); put encodes for the first tier, and
+        # the background copy re-encodes a raw record for a lower tier that compresses
+        self.tier_compress = [compresses(ts, eng.compression) for ts in self._tier_settings()]
+        self.compress = self.tier_compress[0]
         self.trace = eng.trace
         self.counters = Counters()
         # reads and writes cool down separately: a full disk stops writes, not reads
@@ -126,7 +147,13 @@ class ChunkStore:
         self.affinity_chunks = next((ts.affinity_chunks for ts in settings.storage if len(ts.paths) > 1), 1)
         # a single tier needs no copy, and so pays nothing for it
         self._copier = Copier(self.tiers, self.write_cooldowns, self.counters, max_bytes=eng.copy_queue_bytes,
-                              workers=min(DEFAULT_COPY_WORKERS, eng.io_workers)) if len(self.tiers) > 1 else None
+                              workers=min(DEFAULT_COPY_WORKERS, eng.io_workers),
+                              recode=self._recode if not self.compress and any(self.tier_compress[1:]) else None
+                              ) if len(self.tiers) > 1 else None
+
+    def _recode(self, level: int, record: bytes) -> bytes | memoryview:
+        """The record as tier `level` stores it: compressed there when its rule says so."""
+        return codec.compressed_record(record) if self.tier_compress[level] else record
 
     def _tier_settings(self) -> list[TierSettings]:
         given = list(self.settings.storage)
@@ -410,6 +437,9 @@ class ChunkStore:
         buffer first; a local drive keeps the zero-copy read (a hung local drive is not covered).
         """
         n = sum(p.nbytes for p in dst)
+        if not HEADER_SIZE <= ref.length <= HEADER_SIZE + n:  # no record stores more than its raw page:
+            self.counters.add("miss_size")  # a larger one is foreign or crafted; read nothing, allocate nothing
+            return None
         direct = ref.length == HEADER_SIZE + n and not (gate is not None and tier.shared)
         if gate is not None and direct and not gate[0].enter(gate[1]):
             return None
@@ -450,6 +480,10 @@ class ChunkStore:
             return None
         if direct:
             return b"".join([bytes(hdr), *(p.tobytes() for p in dst)]) if want_record else hdr
+        if want_record and not self.compress:  # promoted to a first tier that stores raw: store it raw
+            header, parts, _ = codec.build_record(dst if len(dst) > 1 else dst[0], itemsize=plane_size,
+                                                  dtype=h.dtype, digest=digest, namespace=ns, compress=False)
+            return b"".join([header, *parts])  # type: ignore[list-item]
         return bufs[0]
 
     def _promote(self, ikey: int, digest: bytes, record: memoryview, affinity: int = 0) -> None:

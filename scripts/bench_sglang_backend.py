@@ -1,35 +1,37 @@
 """Benchmark LifeboatHiCacheStorage against SGLang's built-in `file` backend, side by side in one run.
 
 Command (from the repo root, inside the project venv):
-    .venv/bin/python scripts/bench_sglang_backend.py --dir /tmp/lifeboat-sglang-bench
-    .venv/bin/python scripts/bench_sglang_backend.py --exists-pages 1000000   # the 1M-page exists claim
-    (--part throughput|exists runs one part; --compression none measures the path without zstd)
+    .venv/bin/python scripts/bench_sglang_backend.py --dir /var/tmp/lifeboat-sglang-bench
+    .venv/bin/python scripts/bench_sglang_backend.py --part exists --exists-pages 1000000   # batch_exists
+    (--part throughput (default), exists or all; --cases small/layer_first/kv,... picks cases;
+     --compression zstd|none|auto sets LifeboatCache's engine.compression, default: its own default)
 
 What is measured, exactly:
   * Both backends are created by SGLang 0.5.23's StorageBackendFactory (`dynamic` ->
     LifeboatHiCacheStorage, `file` -> HiCacheFile) inside SGLang's HybridCacheController
-    (`attach_storage_backend`), over the same SGLang MHA host pool (default: page_first layout, 64-token
-    pages of 32 layers x 1 KV head x 128 dims bf16 = 1 MiB, i.e. a Llama-3.1-8B page on one of 8 TP
-    ranks; pin_memory=False), writing into two directories of --dir (same disk).
-  * Throughput: the controller's own per-batch page functions, called on 128-page batches as its
-    backup / prefetch threads call them. For LifeboatCache: `_page_set_zero_copy` /
-    `_page_get_zero_copy`, i.e. batch_set_v1 / batch_get_v1. For `file`, whose batch_*_v1 are
-    SGLang's no-op defaults: `_generic_page_set` / `_generic_page_get`, i.e. batch_set / batch_get
-    plus SGLang's page copies, the path SGLang uses for it. GB/s of raw page bytes, per-batch
-    p50/p90/p99, and the ratio LifeboatCache / file (target >= 2x). Rounds alternate between the
-    backends with fresh keys; the best round of each is reported.
-  * Page content: bf16 values drawn from N(0, 1) (sign/exponent bytes compress like real KV, the
-    mantissa bytes do not). LifeboatCache runs with its defaults (zstd byte planes, 8 io workers).
-  * Each timed phase starts after `sync` (no dirty backlog from the other backend). Reads are timed
-    twice: right after the writes (from the page cache: the software paths), and after that backend's
-    own files were dropped from the page cache with fsync + POSIX_FADV_DONTNEED (from the drive).
-  * On a shared machine, other processes preempt the timed calls: run it under `nice -n -15` (root)
-    for clean percentiles; the batch_exists part also prints CPU-time percentiles of the same calls.
-  * batch_exists: 300 keys through LifeboatHiCacheStorage.batch_exists (one call, as the hybrid
-    controller's hit query makes it) with --exists-pages pages stored, written through batch_set_v1
-    from a small pool (1-token pages, 256 B) into one store; 2000 calls on stored keys and 2000 on
-    absent keys; p50/p90/p99 (target p99 <= 1 ms at 1M pages). `file`'s batch_exists on the pages of
-    the throughput part is printed for reference.
+    (`attach_storage_backend`), over the same real SGLang MHA host pool (pin_memory=False, 64-token
+    pages, bf16), writing into two sibling directories of --dir (same disk). LifeboatCache runs with
+    its DEFAULT settings unless --compression is given.
+  * Cases (8): shape x layout x data. Shapes: small (24 layers, 2 KV heads, 64 dim: 0.75 MiB pages)
+    and 8B-like (32 layers, 8 KV heads, 128 dim: 8 MiB pages). Layouts: page_first and layer_first
+    (SGLang's `--hicache-mem-layout`). Data: "kv" (bf16 N(0,1) with per-channel scales: sign/exponent
+    bytes compress ~1.4x like real bf16 KV, mantissas do not) and "random" (uniform random bits,
+    incompressible).
+  * The controller's own per-batch page functions, as its backup / prefetch threads call them: for
+    LifeboatCache `_page_set_zero_copy` / `_page_get_zero_copy` (batch_set_v1 / batch_get_v1); for
+    `file`, whose batch_*_v1 are SGLang's no-op defaults, `_generic_page_set` / `_generic_page_get`
+    (batch_set / batch_get plus SGLang's page copies). Batches of up to 128 pages (fewer for 8 MiB
+    pages, at most --batch-mib per batch).
+  * write = all batches + the backend's flush (LifeboatCache seals its segments; `file` has nothing
+    buffered). Then `sync`. warm read = from the page cache, right after. cold read = after that
+    backend's files were written back and dropped from the page cache (fsync + POSIX_FADV_DONTNEED).
+  * Reps alternate between the backends (the first one rotates each rep), each rep with fresh keys;
+    the median per backend and phase is reported, with the min-max spread. torch's intra-op threads
+    are pinned (--torch-threads, default 1) for both sides: SGLang's page copies for `file` use torch.
+  * CPU s/GB: process CPU time (user + system, all threads) per GB of raw page bytes over the write
+    and read phases, median over reps.
+  * batch_exists: 300 keys through LifeboatHiCacheStorage.batch_exists with --exists-pages pages
+    stored, written through batch_set_v1 from a small pool (1-token pages, 256 B); p50/p90/p99.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ from benchutil import drop_page_cache, pct  # noqa: E402
 from sglang_pools import CpuHiCache, create_backend, lifeboat_extra, mha_pools, page_keys, storage_config  # noqa: E402
 
 BATCH = 128
+SHAPES = {"small": dict(layers=24, heads=2, head_dim=64), "8B": dict(layers=32, heads=8, head_dim=128)}
+LAYOUTS = ("page_first", "layer_first")
+DATA = ("kv", "random")
+PHASES = ("write", "cold read", "warm read")
 log = logging.getLogger("bench")
 
 
@@ -74,6 +80,11 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs"
 
 
+def proc_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 class Side:
     """One backend attached to SGLang's controller, and its batch functions."""
 
@@ -84,74 +95,122 @@ class Side:
         else:
             os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)
             self.cache = CpuHiCache(dev, host, {"file_storage_path": str(root / name)}, storage_backend="file")
+        self.root = root / name
         self.ctl = self.cache.ctl
         self.set_fn, self.get_fn = self.ctl.page_set_func.__name__, self.ctl.page_get_func.__name__
 
-    def write(self, keys: list[list[str]], slots: torch.Tensor) -> list[float]:
-        def one(b: int) -> None:
+    def write(self, keys: list[list[str]], slots: torch.Tensor) -> None:
+        for b in range(len(keys)):
             prefix = [k for kb in keys[:b] for k in kb]
             ok = self.ctl.page_set_func(keys[b], slots, HiCacheStorageExtraInfo(prefix_keys=prefix))
             assert ok, f"{self.name}: backup batch {b} failed"
-        return timed(one, len(keys))
-
-    def flush(self) -> None:
         if self.name == "lifeboat":
             self.cache.backend.store.flush()
 
-    def read(self, keys: list[list[str]], slots: torch.Tensor) -> list[float]:
+    def read(self, keys: list[list[str]], slots: torch.Tensor) -> None:
         op = PrefetchOperation(CacheRequestHandle(rid="bench", attempt_id=0), [])
-
-        def one(b: int) -> None:
+        for b in range(len(keys)):
             got = self.ctl.page_get_func(op, keys[b], slots, HiCacheStorageExtraInfo(prefix_keys=None))
             assert got == len(keys[b]), f"{self.name}: prefetch batch {b} got {got} pages"
-        return timed(one, len(keys))
+
+
+def fill(host: Any, slots: torch.Tensor, data: str, dim: int, seed: int) -> None:
+    """Every page of `slots`: KV-like bf16 (per-channel scales) or random bits."""
+    gen = torch.Generator().manual_seed(seed)
+    for start in slots[:: host.page_size].tolist():
+        flat = host.get_data_page(start, flat=True)
+        if data == "random":
+            page = torch.randint(-(2**15), 2**15, (flat.numel(),), dtype=torch.int16, generator=gen).view(flat.dtype)
+        else:
+            scale = torch.exp(torch.randn(dim, generator=gen)).repeat(flat.numel() // dim)
+            page = (torch.randn(flat.numel(), generator=gen) * scale).to(flat.dtype)
+        host.set_from_flat_data_page(start, page)
+
+
+def page_bytes_of(host: Any, start: int) -> bytes:
+    return bytes(host.get_data_page(start, flat=True).contiguous().view(torch.uint8).numpy())
+
+
+def run_case(root: Path, shape: str, layout: str, data: str, args: argparse.Namespace) -> dict:
+    """One case: both backends over one host pool; returns medians, spreads and CPU s/GB per side."""
+    geo = SHAPES[shape]
+    ps = args.page_tokens
+    page_mib = 2 * geo["layers"] * ps * geo["heads"] * geo["head_dim"] * 2 / 2**20
+    per_batch = max(1, min(BATCH, int(args.batch_mib // page_mib)))
+    dev, host = mha_pools(layout, page_size=ps, tokens=2 * per_batch * ps, **geo)
+    src, dst = host.alloc(per_batch * ps), host.alloc(per_batch * ps)
+    fill(host, src, data, geo["head_dim"], seed=1)
+    zero = torch.zeros_like(host.get_dummy_flat_data_page())
+    settings = {"io_workers": args.io_workers}
+    if args.compression:
+        settings["compression"] = args.compression
+    case_root = root / f"{shape}-{layout}-{data}"
+    sides = [Side("lifeboat", dev, host, case_root, settings), Side("file", dev, host, case_root, {})]
+    res: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
+    total = args.batches * per_batch * page_mib * 2**20
+    for rep in range(args.reps + 1):  # rep 0 is a warm-up
+        order = sides[rep % 2:] + sides[: rep % 2]
+        for side in order:
+            keys = [page_keys(list(range(rep * 10**7 + b * 10**5, rep * 10**7 + b * 10**5 + per_batch * ps)), ps)
+                    for b in range(args.batches)]
+            os.sync()  # no dirty backlog from the other side
+            for phase in PHASES:
+                if phase == "cold read":
+                    os.sync()
+                    drop_page_cache(side.root)
+                if phase != "write":  # zeroed destination: the byte check below then means something
+                    for start in dst[::ps].tolist():
+                        host.set_from_flat_data_page(start, zero)
+                c0, t0 = proc_cpu(), time.perf_counter()
+                if phase == "write":
+                    side.write(keys, src)
+                else:
+                    side.read(keys, dst)
+                dt, dc = time.perf_counter() - t0, proc_cpu() - c0
+                if phase != "write":
+                    assert page_bytes_of(host, int(dst[0])) == page_bytes_of(host, int(src[0])), side.name
+                    assert page_bytes_of(host, int(dst[-ps])) == page_bytes_of(host, int(src[-ps])), side.name
+                if rep:
+                    res.setdefault((side.name, phase), []).append(total / dt / 1e9)
+                    cpu.setdefault((side.name, phase), []).append(dc / (total / 1e9))
+    ratio = sides[0].cache.backend.store.stats()["compression_ratio"]
+    for s in sides:
+        s.cache.close()
+    shutil.rmtree(case_root, ignore_errors=True)
+    return {"gbps": {k: float(np.median(v)) for k, v in res.items()},
+            "spread": {k: (min(v), max(v)) for k, v in res.items()},
+            "cpu": {k: float(np.median(v)) for k, v in cpu.items()},
+            "ratio": ratio, "page_mib": page_mib, "per_batch": per_batch,
+            "fns": {s.name: (s.set_fn, s.get_fn) for s in sides}}
 
 
 def throughput(root: Path, args: argparse.Namespace) -> None:
-    dev, host = mha_pools(args.layout, page_size=args.page_tokens, layers=args.layers, heads=args.heads,
-                          head_dim=128, tokens=BATCH * args.page_tokens)
-    page_bytes = host.get_size_per_token() * host.page_size
-    src, dst = host.alloc(BATCH * host.page_size), host.alloc(BATCH * host.page_size)
-    gen = torch.Generator().manual_seed(0)
-    for start in src[:: host.page_size].tolist():
-        flat = host.get_data_page(start, flat=True)
-        host.set_from_flat_data_page(start, torch.randn(flat.numel(), generator=gen).to(flat.dtype))
-    settings = {"compression": args.compression, "io_workers": args.io_workers}
-    sides = [Side("lifeboat", dev, host, root, settings), Side("file", dev, host, root, {})]
-    best: dict[tuple[str, str], list[float]] = {}
-    for rnd in range(args.rounds + 1):  # round 0 is a warm-up
-        for side in sides:
-            keys = [page_keys(list(range(rnd * 10**7 + b * 10**5, rnd * 10**7 + b * 10**5 + BATCH * host.page_size)),
-                              host.page_size) for b in range(args.batches)]
-            os.sync()  # no dirty backlog from the other side: writeback throttling would land on this one
-            w = side.write(keys, src)
-            side.flush()
-            os.sync()
-            r = side.read(keys, dst)  # warm: the pages were just written, they are in the page cache
-            drop_page_cache(root / side.name)
-            c = side.read(keys, dst)  # cold: from the drive
-            assert bytes(host.get_data_page(int(dst[0]), flat=True).contiguous().view(torch.uint8).numpy()) == \
-                bytes(host.get_data_page(int(src[0]), flat=True).contiguous().view(torch.uint8).numpy())
-            for kind, lat in (("write", w), ("read (page cache)", r), ("read (drive)", c)):
-                if rnd and sum(lat) < sum(best.get((side.name, kind), [float("inf")])):
-                    best[(side.name, kind)] = lat
-    total = args.batches * BATCH * page_bytes
-    print(f"throughput: {args.batches} batches x {BATCH} pages x {page_bytes / 2**20:.2f} MiB "
-          f"({args.layout}, best of {args.rounds} rounds; lifeboat compression {args.compression}, "
-          f"{args.io_workers} io workers; {load()})")
-    for kind in ("write", "read (page cache)", "read (drive)"):
-        gbps = {s.name: total / sum(best[(s.name, kind)]) / 1e9 for s in sides}
-        for s in sides:
-            via = s.set_fn if kind == "write" else s.get_fn
-            print(f"  {kind:17s} {s.name:8s} {gbps[s.name]:6.2f} GB/s  per batch {pct(best[(s.name, kind)])}  ({via})")
-        print(f"  {kind:17s} ratio lifeboat / file: {gbps['lifeboat'] / gbps['file']:.2f}x (target >= 2x)")
-    keys = page_keys(list(range(0, 300 * host.page_size)), host.page_size)
-    lat = timed(lambda i: sides[1].cache.backend.batch_exists(keys), 200)
-    print(f"  file batch_exists(300 keys), {(args.rounds + 1) * args.batches * BATCH} pages stored: {pct(lat, with_max=False)}")
-    ratio = sides[0].cache.backend.store.stats()["compression_ratio"]
-    print(f"  lifeboat raw/stored compression ratio: {ratio:.3f}")
-    for s in sides:
-        s.cache.close()
+    cases = [(sh, lay, d) for sh in SHAPES for lay in LAYOUTS for d in DATA]
+    if args.cases:
+        want = set(args.cases.split(","))
+        cases = [c for c in cases if "/".join(c) in want]
+    print(f"throughput: LifeboatCache ({'defaults' if not args.compression else 'compression ' + args.compression}, "
+          f"{args.io_workers} io workers) vs SGLang file; {args.batches} batches per phase, median of {args.reps} "
+          f"reps (min-max); torch threads {torch.get_num_threads()}; {load()}")
+    print("| case | write vs file | cold read vs file | warm read vs file | lifeboat GB/s w / cold / warm | "
+          "file GB/s w / cold / warm | CPU s/GB w+r lifeboat / file | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for shape, layout, data in cases:
+        r = run_case(root, shape, layout, data, args)
+        g, sp = r["gbps"], r["spread"]
+        cells = []
+        for ph in PHASES:
+            lo = sp[("lifeboat", ph)][0] / sp[("file", ph)][1]
+            hi = sp[("lifeboat", ph)][1] / sp[("file", ph)][0]
+            cells.append(f"**{g[('lifeboat', ph)] / g[('file', ph)]:.2f}x** ({lo:.2f}-{hi:.2f})")
+        lb = " / ".join(f"{g[('lifeboat', ph)]:.2f}" for ph in PHASES)
+        fl = " / ".join(f"{g[('file', ph)]:.2f}" for ph in PHASES)
+        cpu = {n: sum(r["cpu"][(n, ph)] for ph in ("write", "cold read")) for n in ("lifeboat", "file")}
+        print(f"| {shape} {layout} {data} ({r['page_mib']:.2f} MiB x {r['per_batch']}) | {' | '.join(cells)} | "
+              f"{lb} | {fl} | {cpu['lifeboat']:.2f} / {cpu['file']:.2f} | {r['ratio'] or 1:.2f} |", flush=True)
+    print(f"(lifeboat via {r['fns']['lifeboat']}, file via {r['fns']['file']}; CPU s/GB = write + cold read, "
+          "process CPU time per GB of raw pages)")
 
 
 def exists_scale(root: Path, n_pages: int) -> None:
@@ -185,19 +244,21 @@ def exists_scale(root: Path, n_pages: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default="/tmp/lifeboat-sglang-bench")
-    ap.add_argument("--layout", default="page_first", choices=["layer_first", "page_first", "page_first_direct"])
+    ap.add_argument("--dir", default="/var/tmp/lifeboat-sglang-bench")
     ap.add_argument("--page-tokens", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--heads", type=int, default=1, help="KV heads per TP rank")
-    ap.add_argument("--batches", type=int, default=4, help="128-page batches per round")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=2, help="batches per phase")
+    ap.add_argument("--batch-mib", type=float, default=96, help="at most this many MiB of pages per batch")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cases", default="", help="comma list of shape/layout/data, e.g. small/layer_first/kv")
     ap.add_argument("--exists-pages", type=int, default=100_000)
-    ap.add_argument("--part", default="all", choices=["all", "throughput", "exists"])
-    ap.add_argument("--compression", default="zstd", choices=["zstd", "none"], help="LifeboatCache setting")
+    ap.add_argument("--part", default="throughput", choices=["all", "throughput", "exists"])
+    ap.add_argument("--compression", default="", choices=["", "auto", "zstd", "none"],
+                    help="LifeboatCache engine.compression (default: LifeboatCache's default)")
     ap.add_argument("--io-workers", type=int, default=8, help="LifeboatCache setting")
+    ap.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads, both sides")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.torch_threads)
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)

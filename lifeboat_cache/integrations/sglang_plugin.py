@@ -105,6 +105,8 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
         device=cfg.device,
         available_ram_bytes=available_ram_bytes(),
         ranks_per_host=cuda.ranks_on_host(cfg.tp_size, cfg.pp_size, cfg.dp_size, cfg.nnodes),
+        mem_layout=str(cfg.hicache_mem_layout),
+        io_backend=str(cfg.hicache_io_backend),
     )
     plan = cuda.plan_launch_tuning(facts, env, gpu_memory_bytes=lambda: gpu_memory_bytes(cfg.base_gpu_id))
     for warning in plan.warnings:

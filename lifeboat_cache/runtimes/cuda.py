@@ -241,6 +241,8 @@ class LaunchFacts:
     device: Optional[str] = None
     available_ram_bytes: int = 0
     ranks_per_host: int = 1
+    mem_layout: str = "page_first"  # the resolved --hicache-mem-layout (SGLang 0.5.23's default: page_first)
+    io_backend: str = "kernel"  # --hicache-io-backend
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,32 @@ class LaunchPlan:
 
     def messages(self) -> list[str]:
         return [d.message() for d in self.decisions]
+
+
+# Why each host layout is kept. Measured end to end against SGLang's `file` backend
+# (scripts/bench_sglang_backend.py, docs/sglang.md): page_first and layer_first are both well above it
+# with LifeboatCache's defaults, page_first by a little more, so the launch's layout is never switched.
+LAYOUT_REASONS = {
+    "page_first": "SGLang's default and LifeboatCache's fastest: 2 blocks (K, V) per page, one pwritev / "
+                  "preadv each, and the GPU copy stays SGLang's kernel io backend",
+    "page_first_direct": "2 blocks (K, V) per page like page_first; SGLang uses its direct io backend with it",
+    "layer_first": "kept as given: its 2 x layers blocks per page go out and in with one pwritev / preadv from "
+                   "offsets computed once per pool; page_first is ~equally fast for LifeboatCache and gives the "
+                   "GPU copy fewer, larger blocks",
+}
+
+
+def layout_decision(layout: str, io_backend: str = "kernel") -> Decision:
+    """The host-pool layout decision: the launch's layout, with why it is a good one for LifeboatCache.
+
+    SGLang's later `handle_hicache` step turns page_first with the direct io backend into
+    page_first_direct; the decision names the layout the pools will really have.
+    """
+    if layout == "page_first" and io_backend == "direct":
+        layout = "page_first_direct"
+    why = LAYOUT_REASONS.get(layout, "kept as given; pages that are not plain views of the pool go through "
+                                     "SGLang's page copies")
+    return Decision("host layout", layout, why)
 
 
 def uses_lifeboat_backend(facts: LaunchFacts) -> bool:
@@ -429,6 +457,8 @@ def plan_launch_tuning(
         )
     else:
         decisions.append(Decision("write policy", facts.write_policy, "the launch's policy"))
+
+    decisions.append(layout_decision(facts.mem_layout, facts.io_backend))
 
     # Zero-copy (the backend reads the variable; validated here so a typo stops the launch).
     decisions.append(

@@ -31,7 +31,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..codec import HEADER_SIZE, RecordError, raw_length, unpack_header
+from ..codec import HEADER_SIZE, RecordError, payload_matches, raw_length, unpack_header
 from ..index import Index, Loc
 
 log = logging.getLogger(__name__)
@@ -433,7 +433,7 @@ class SegmentDir:
             if pos + h.record_len > size:
                 break  # incomplete: still being written, or the torn tail
             payload = os.pread(fd, h.stored_len, pos + HEADER_SIZE)
-            if len(payload) != h.stored_len or zlib.crc32(payload) != h.payload_crc:
+            if not payload_matches(h, payload):
                 self.counters["scan_torn"] += 1
                 break
             if (unit.name, pos) not in self._quarantine:

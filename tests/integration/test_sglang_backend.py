@@ -104,6 +104,50 @@ def test_300_page_backup_then_prefetch(tmp_path, kind, layout):
         cache.close()
 
 
+@pytest.mark.parametrize("kind,layout", [(k, lay) for k in ("mha", "mla") for lay in LAYOUTS])
+def test_block_plan_matches_sglangs_page_views_for_every_page(tmp_path, kind, layout):
+    """The per-pool block plan (slices of the pool's one buffer) gives exactly the blocks SGLang's own
+    page view walks to, for every page of the pool: same addresses, sizes and order."""
+    dev, host = POOLS[kind](layout, layers=6, page_size=4, tokens=256)
+    b = _backend(tmp_path, host, mla=kind == "mla")
+    try:
+        pool = b.pools["kv"]
+        assert pool._plan is not None
+        for start in range(0, host.page_num * host.page_size, host.page_size):
+            got, want = pool.views(start), pool._walk(start)
+            assert [(g.ctypes.data, g.nbytes) for g in got] == [(w.ctypes.data, w.nbytes) for w in want]
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("compression", ["auto", "zstd"])
+def test_layer_first_many_layers_byte_exact_and_readable_by_the_copying_interface(tmp_path, compression):
+    """A 24-layer layer_first pool (48 blocks a page): SGLang's controller backs up and prefetches
+    bit-exact, raw (the default on a local tier) or compressed, and the copying interface
+    (batch_get into SGLang's flat pages) reads the same records."""
+    dev, host = mha_pools("layer_first", layers=24, heads=2, head_dim=16, page_size=8, tokens=2048)
+    cache = CpuHiCache(dev, host, lifeboat_extra(tmp_path, compression=compression))
+    try:
+        pool = cache.backend.pools["kv"]
+        assert len(pool.views(0)) == 48 and pool._plan is not None
+        tokens = _tokens(100, page_size=8)
+        slots = host.alloc(len(tokens))
+        fill_random(host, slots, seed=7)
+        expected = flat_pages(host, slots)
+        assert cache.backup(tokens, slots, prefix_keys=[]) == len(tokens)
+        got = cache.prefetch(tokens, prefix_keys=[])
+        assert got["loaded_tokens"] == len(tokens)
+        assert flat_pages(host, got["host_indices"]) == expected
+        keys = page_keys(tokens, 8)
+        flats = [host.get_dummy_flat_data_page() for _ in keys]
+        out = cache.backend.batch_get(keys, flats)
+        assert all(t is not None for t in out)
+        assert [bytes(f.contiguous().view(torch.uint8).numpy()) for f in flats] == expected
+        assert cache.backend.store.tier_compress == [compression == "zstd"]  # auto: a local tier stores raw
+    finally:
+        cache.close()
+
+
 def test_partial_hits(tmp_path):
     """Only the leading run of stored pages is a hit; a hole ends the prefix."""
     dev, host = mha_pools("page_first")

@@ -184,7 +184,27 @@ def test_lifeboat_launch_defaults(caplog: pytest.LogCaptureFixture) -> None:
     ours = [r.getMessage() for r in caplog.records if r.name == sglang_plugin.__name__]
     assert "LifeboatCache: page size 64 (LifeboatCache default; launch gave none)" in ours
     assert sum(m.startswith("LifeboatCache: host pool 6 GB per rank") for m in ours) == 1
-    assert len(ours) == len(set(ours)) == 5  # each decision once
+    assert len(ours) == len(set(ours)) == 6  # each decision once
+    assert sum(m.startswith("LifeboatCache: host layout page_first (SGLang's default") for m in ours) == 1
+
+
+@pytest.mark.parametrize("given,io,layout", [
+    ({}, "kernel", "page_first"),
+    ({"hicache_mem_layout": "layer_first"}, "kernel", "layer_first"),
+    ({"hicache_io_backend": "direct"}, "direct", "page_first_direct"),
+])
+def test_host_layout_decision_matches_sglangs_resolved_layout(tiny_model: str, monkeypatch, caplog, given: dict,
+                                                              io: str, layout: str) -> None:
+    """The launch's layout is kept (layer_first by hand included), logged once with its reason, and is
+    the layout SGLang's own resolution hands the scheduler (its later handle_hicache step included)."""
+    caplog.set_level(logging.INFO, logger=sglang_plugin.__name__)
+    sa = resolve(tiny_model, **LIFEBOAT, **given)
+    assert view(sa).hicache_mem_layout == layout and view(sa).hicache_io_backend == io
+    assert not any("hicache_mem_layout" in f for f in our_declarations(sa))
+    ours = [r.getMessage() for r in caplog.records if r.name == sglang_plugin.__name__]
+    assert sum(m.startswith(f"LifeboatCache: host layout {layout} (") for m in ours) == 1
+    _, memory = bags(sa)
+    assert memory.hicache_mem_layout == layout
 
 
 def test_lifeboat_launch_full_pipeline_reaches_the_scheduler_bags(tiny_model: str, monkeypatch) -> None:

@@ -18,7 +18,7 @@ NS = namespace_fingerprint(model="cli")
 def _store(tmp_path):
     cfg = tmp_path / "lifeboat.yaml"
     cfg.write_text(f"storage:\n  - type: local\n    path: {tmp_path / 'store'}\n    capacity: 2MiB\n"
-                   f"    segment_size: 1MiB\n")
+                   f"    segment_size: 1MiB\n    compression: zstd\n")  # a ratio to report (auto: raw on local)
     rng = np.random.default_rng(0)
     pages = [(rng.standard_normal(4096).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
              for _ in range(20)]

@@ -121,3 +121,144 @@ def test_decode_into_pieces(cuts):
     pieces = [out[: cuts[0]], out[cuts[0]: cuts[1]], out[cuts[1]:]]
     codec.decode_into(c, payload, pieces, 2)
     assert out.tobytes() == page.tobytes()
+
+
+# ------------------------------------------------------------------ format version 2 (xxh3) and version 1
+def test_new_records_are_version_2_with_an_xxh3_payload_checksum():
+    import xxhash
+
+    rec, dg, ns = _record()
+    h = codec.unpack_header(rec)
+    assert rec[4] == codec.FORMAT_VERSION == h.version == 2
+    assert h.payload_crc == xxhash.xxh3_64_intdigest(bytes(rec[HEADER_SIZE:]))
+    codec.check_record(h, memoryview(rec)[HEADER_SIZE:], dg, ns)
+
+
+def _v1_record(page: np.ndarray, dg: bytes, ns: bytes, compress: bool) -> bytes:
+    """A record exactly as format version 1 wrote it: zlib CRC-32 of the payload and of the header."""
+    import struct
+    import zlib
+
+    c, parts = codec.encode(page, 2, compress)
+    payload = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    body = struct.pack("<4sBBBBII16s16sII", b"LBKV", 1, c, 5, 0, page.nbytes, len(payload), dg, ns,
+                       zlib.crc32(payload), 0)
+    return body + struct.pack("<I", zlib.crc32(body)) + bytes(4) + payload
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_version_1_records_are_still_read(compress):
+    page = codec.as_bytes_view(_kv_like("bf16"))
+    dg, ns = b"d" * 16, b"n" * 16
+    rec = bytearray(_v1_record(page, dg, ns, compress))
+    h = codec.unpack_header(rec)
+    assert h.version == 1 and h.raw_len == page.nbytes
+    codec.check_record(h, memoryview(rec)[HEADER_SIZE:], dg, ns)
+    out = np.zeros_like(page)
+    codec.decode_into(h.codec, memoryview(rec)[HEADER_SIZE:], out, 2)
+    assert out.tobytes() == page.tobytes()
+    rec[HEADER_SIZE + 7] ^= 1  # a version-1 payload is still checked, with its own CRC-32
+    with pytest.raises(RecordError) as e:
+        codec.check_record(codec.unpack_header(rec), memoryview(rec)[HEADER_SIZE:], dg, ns)
+    assert e.value.reason == "checksum"
+    assert codec.pack_header(h) == bytes(rec[:HEADER_SIZE])  # version 1 headers re-pack byte for byte
+
+
+def test_an_unknown_format_version_is_rejected_cleanly():
+    rec, _, _ = _record()
+    h = codec.unpack_header(rec)
+    body = bytearray(rec[:56])
+    body[4] = 3
+    import xxhash
+
+    forged = bytes(body) + (xxhash.xxh3_64_intdigest(bytes(body)) & 0xFFFFFFFF).to_bytes(4, "little") + bytes(4)
+    with pytest.raises(RecordError, match="format version 3") as e:
+        codec.unpack_header(forged + bytes(rec[HEADER_SIZE:]))
+    assert e.value.reason == "header" and h.version == 2
+
+
+# ------------------------------------------------------------------ bounds: declared sizes are checked first
+def _forge(h: codec.Header, payload: bytes) -> bytes:
+    """A record with valid checksums for whatever the header declares (what a hostile writer can do)."""
+    h = codec.Header(h.codec, h.dtype, h.raw_len, len(payload), h.digest, h.namespace, codec.payload_crc([payload]))
+    return codec.pack_header(h) + payload
+
+
+def _lying_frame(declared: int) -> bytes:
+    """A valid zstd frame of zeros that declares (and really decodes to) `declared` bytes."""
+    import zstandard
+
+    c = zstandard.ZstdCompressor(level=1).compressobj(size=declared)
+    chunk = bytes(1 << 20)
+    out = [c.compress(chunk) for _ in range(declared >> 20)]
+    return b"".join(out) + c.flush()
+
+
+@pytest.mark.parametrize("declared", [1 << 30, 64 << 20])
+def test_a_zstd_frame_declaring_more_than_the_page_is_a_miss_before_any_allocation(declared):
+    import resource
+
+    import zstandard
+
+    page = codec.as_bytes_view(_kv_like("bf16", n=1 << 15))  # 64 KiB page, 32 KiB planes
+    dg, ns = b"d" * 16, b"n" * 16
+    plane_len = page.nbytes // 2
+    frame = _lying_frame(declared)  # 1 GiB: ~40 KiB of frame (longer than a plane); 64 MiB: ~3 KiB
+    honest = zstandard.ZstdCompressor().compress(bytes(plane_len))  # the other plane: honest
+    payload = struct_pack_sizes(len(frame), len(honest)) + frame + honest
+    rec = _forge(codec.Header(codec.PLANES, 5, page.nbytes, 0, dg, ns, 0), payload)
+    h = codec.unpack_header(rec)
+    codec.check_record(h, memoryview(rec)[HEADER_SIZE:], dg, ns)  # its checksums are valid
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = np.zeros_like(page)
+    with pytest.raises(RecordError) as e:
+        codec.decode_into(h.codec, memoryview(rec)[HEADER_SIZE:], out, 2)
+    assert e.value.reason == "payload"
+    assert ("plane table" if len(frame) > plane_len else f"declares {declared} bytes") in str(e.value)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 32 << 10  # KiB: no big allocation
+    with pytest.raises(RecordError, match=f"declares {declared} bytes"):  # the same lie, whole-page zstd
+        codec.decode_into(codec.ZSTD, memoryview(frame), np.zeros(len(frame) + 1, np.uint8), 1)
+
+
+def struct_pack_sizes(*sizes: int) -> bytes:
+    import struct
+
+    return struct.pack(f"<{len(sizes)}I", *sizes)
+
+
+def test_plane_tables_that_do_not_add_up_are_rejected_before_decoding():
+    page = codec.as_bytes_view(_kv_like("bf16", n=1 << 13))
+    c, parts = codec.encode(page, 2, True)
+    assert c == codec.PLANES
+    payload = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    out = np.zeros_like(page)
+    for sizes in ((1 << 30, 0), (page.nbytes, 8), (len(payload), len(payload))):
+        bad = struct_pack_sizes(*sizes) + payload[8:]
+        with pytest.raises(RecordError, match="plane table"):
+            codec.decode_into(c, memoryview(bad), out, 2)
+
+
+def test_a_header_storing_more_than_its_raw_length_is_rejected():
+    h = codec.Header(codec.PLANES, 5, 1024, 4096, b"d" * 16, b"n" * 16, 0)
+    with pytest.raises(RecordError, match="exceeds the raw length") as e:
+        codec.unpack_header(codec.pack_header(h))
+    assert e.value.reason == "header"
+
+
+def test_compressed_record_recodes_raw_records_only():
+    page = codec.as_bytes_view(_kv_like("bf16"))
+    dg, ns = b"d" * 16, b"n" * 16
+    header, parts, _ = codec.build_record(page, itemsize=2, dtype=5, digest=dg, namespace=ns, compress=False)
+    raw = header + b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    packed = codec.compressed_record(raw)
+    h = codec.unpack_header(packed)
+    assert h.codec == codec.PLANES and len(packed) < 0.95 * len(raw)
+    codec.check_record(h, memoryview(packed)[HEADER_SIZE:], dg, ns)
+    out = np.zeros_like(page)
+    codec.decode_into(h.codec, memoryview(packed)[HEADER_SIZE:], out, 2)
+    assert out.tobytes() == page.tobytes()
+    assert codec.compressed_record(packed) is packed  # already compressed: unchanged
+    noise = codec.as_bytes_view(np.random.default_rng(1).integers(0, 2**16, 1 << 14, dtype=np.uint16))
+    header, parts, _ = codec.build_record(noise, itemsize=2, dtype=5, digest=dg, namespace=ns, compress=False)
+    raw = header + b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    assert codec.compressed_record(raw) is raw  # does not compress: stays raw

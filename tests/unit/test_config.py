@@ -18,7 +18,7 @@ def test_embedded_default_is_a_local_store_under_the_cache_dir(monkeypatch, tmp_
     assert s.source == "embedded default"
     assert [t.type for t in s.storage] == ["local"]
     assert s.storage[0].paths == (tmp_path / "lifeboat",)
-    assert s.engine.io_workers == 8 and s.engine.compression == "zstd"
+    assert s.engine.io_workers == 8 and s.engine.compression == "auto"
     assert s.model_id is None and s.key_namespace == ""
 
 
@@ -62,7 +62,7 @@ def test_full_document():
     ({"storage": [{"type": "local", "path": "/x", "bucket": "b"}]}, "unknown key(s) bucket"),
     ({"storage": [{"type": "s3"}]}, "storage[0].bucket"),
     ({"engine": {"io_workers": 0}}, "engine.io_workers: must be between 1 and 256"),
-    ({"engine": {"compression": "lz4"}}, "engine.compression: must be one of zstd, none"),
+    ({"engine": {"compression": "lz4"}}, "engine.compression: must be one of auto, zstd, none"),
     ({"engine": {"failure_cooldown_s": 10, "failure_cooldown_max_s": 1}}, "failure_cooldown_max_s"),
     ({"key_namespace": "x" * 65}, "key_namespace: 65 bytes is too long"),
     ({"model_id": ""}, "model_id: expected a non-empty string"),

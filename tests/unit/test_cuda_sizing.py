@@ -230,13 +230,28 @@ def test_plan_defaults_for_a_lifeboat_launch() -> None:
     assert any(m.startswith("host pool 6 GB per rank (LifeboatCache default") for m in messages)
     assert "write policy write_through (the launch's policy)" in messages
     assert "zero-copy page I/O on (default)" in messages
+    assert any(m.startswith("host layout page_first (SGLang's default and LifeboatCache's fastest") for m in messages)
     assert plan.warnings == ()
+
+
+@pytest.mark.parametrize("layout,io,shown,reason", [
+    ("page_first", "kernel", "page_first", "LifeboatCache's fastest"),
+    ("page_first", "direct", "page_first_direct", "direct io backend"),
+    ("layer_first", "kernel", "layer_first", "kept as given"),
+    ("page_head", "kernel", "page_head", "SGLang's page copies"),
+])
+def test_plan_host_layout_is_kept_and_explained(layout: str, io: str, shown: str, reason: str) -> None:
+    plan = plan_launch_tuning(facts(mem_layout=layout, io_backend=io), {}, no_gpu)
+    d = next(d for d in plan.decisions if d.what == "host layout")
+    assert d.value == shown and reason in d.why
+    assert "hicache_mem_layout" not in plan.fields  # the launch's layout is never switched
 
 
 def test_plan_every_decision_once() -> None:
     whats = [d.what for d in plan_launch_tuning(facts(), {}, no_gpu).decisions]
     assert sorted(whats) == sorted(set(whats))
-    assert set(whats) == {"page size", "GPU write-back staging", "host pool", "write policy", "zero-copy page I/O"}
+    assert set(whats) == {"page size", "GPU write-back staging", "host pool", "write policy", "host layout",
+                          "zero-copy page I/O"}
 
 
 def test_plan_launch_page_size_wins_over_env() -> None:
