@@ -211,10 +211,12 @@ def _guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Cal
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         def nothing_done(args: tuple, kwargs: dict) -> Any:
-            try:
-                return fallback(*args, **kwargs)
-            except Exception:  # e.g. keyword arguments SGLang's signature does not have
-                return fallback()
+            for a, k in ((args, kwargs), (args[:1], {})):  # e.g. keyword arguments SGLang's signature lacks
+                try:
+                    return fallback(*a, **k)
+                except Exception:
+                    continue
+            return fallback()
 
         @functools.wraps(fn)
         def wrapper(self: "LifeboatHiCacheStorage", *args: Any, **kwargs: Any) -> Any:

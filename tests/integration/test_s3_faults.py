@@ -159,7 +159,7 @@ def test_late_read_never_touches_the_callers_buffer(tmp_path: Path) -> None:
     """A read that outlives the deadline must not write into a buffer the caller got back as a miss;
     threads stuck in the tier are bounded and counted."""
     s = settings_from_dict({"storage": [{"type": "local", "path": str(tmp_path)}],
-                            "engine": {"deadline_s": 0.3, "io_workers": 2}})
+                            "engine": {"deadline_s": 0.3, "io_workers": 2, "compression": "zstd"}})
     inner = LocalTier(s.storage[0]).open(background=False)
     slow = FaultyTier(inner)
     st = ChunkStore(s, [slow])

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from collections import Counter
 from typing import Any
 
@@ -184,9 +183,9 @@ def forged_record(draw: Any) -> tuple[bytes, int]:
     stored_len = len(payload) if codec_id != codec.RAW or draw(st.booleans()) else raw_len
     if codec_id == codec.RAW:
         raw_len = stored_len
-    body = struct.pack(codec.HEADER_FMT, codec.MAGIC, codec.FORMAT_VERSION, codec_id, dtype, 0,
-                       raw_len, stored_len, DIGEST, NS, zlib.crc32(payload), 0)
-    header = body + struct.pack("<I", zlib.crc32(body)) + b"\0\0\0\0"
+    version = draw(st.sampled_from([1, codec.FORMAT_VERSION]))  # the old format is still read
+    header = codec.pack_header(codec.Header(codec_id, dtype, raw_len, stored_len, DIGEST, NS,
+                                            codec.payload_crc([payload], version), version=version))
     return header + payload, page_bytes
 
 
