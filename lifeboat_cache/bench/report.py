@@ -115,8 +115,12 @@ def tables(res: dict[str, Any]) -> str:
     ml = res["sections"].get("mlx")
     out += ["", "### MLX time to first token", ""]
     if _ok(ml):
-        out += [f"{ml['model']}, {ml['new_tokens']} new tokens.", "",
-                "| prompt tokens | recompute | restored (cold page cache) | SGLang in-memory hit "
+        one_proc = any(p.get("processes") == 1 for p in ml["prompts"])
+        how = ("one process: recompute, forget the tree, restore (warm page cache), in-memory hit" if one_proc else
+               "fresh process each: recompute; restore with the store's page cache dropped; SGLang's radix "
+               "cache, prompt twice (in-memory hit)")
+        out += [f"{ml['model']}, {ml['new_tokens']} new tokens, {ml['cores']} cores; {how}.", "",
+                "| prompt tokens | recompute | restored | SGLang in-memory hit "
                 "| speedup vs recompute | restored / in-memory hit | same tokens |",
                 "|---|---|---|---|---|---|---|"]
         for p in ml["prompts"]:

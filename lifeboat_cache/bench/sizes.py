@@ -22,13 +22,15 @@ class Sizes:
     s3_latency_ms: str = "0,20"       # added per-request latency of the local S3 server (a real endpoint: tens of ms)
     mlx_tokens: str = "512,2048,8192"
     mlx_new_tokens: int = 8
+    mlx_processes: int = 3           # 3: cold / restored / baseline in fresh processes; 1: one process (quick)
     shapes: str = "small,8b"
     layouts: str = "page_first,layer_first"
     kinds: str = "real,random"
 
 
 QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, realkv_tokens=64, index_pages="1000,10000",
-              s3_pages=8, s3_page_kib=64, s3_io_workers=4, s3_latency_ms="0", mlx_tokens="128", mlx_new_tokens=2)
+              s3_pages=8, s3_page_kib=64, s3_io_workers=4, s3_latency_ms="0", mlx_tokens="128", mlx_new_tokens=2,
+              mlx_processes=1)
 
 
 def make(quick: bool, overrides: list[str]) -> Sizes:
