@@ -1,7 +1,8 @@
 """Real KV: SmolLM2-135M's keys and values for real text (the demo's public-domain documents), as bf16.
 
 Produced in a child process (MLX on CPU, fp32 with OpenBLAS preloaded, as the demo runs it), laid out
-(layers, K/V, tokens, heads, head_dim) and cached as a .npy next to the results. The SGLang section
+(layers, K/V, tokens, heads, head_dim) and cached as a .npy in ~/.cache/lifeboat/bench (next to the
+built model). The SGLang section
 fills its host-pool pages from this stream (any shape: the values are tiled), so "real KV" has the
 value statistics of a real model's cache, which is what the codec and the disks see.
 
@@ -10,6 +11,7 @@ value statistics of a real model's cache, which is what the codec and the disks 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,14 +51,14 @@ def load_or_make(cache_dir: Path, tokens: int, timeout: float = 900.0) -> np.nda
     from ..testing.mlx_serving import child_env
 
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / f"smollm2-kv-{tokens}.npy"
+    path = cache_dir / f"smollm2-kv-v1-{tokens}.npy"
     if not path.exists():
-        tmp = path.with_suffix(".tmp.npy")
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")  # concurrent runs never share a temp file
         proc = subprocess.run([sys.executable, "-m", "lifeboat_cache.bench.realkv", str(tmp), str(tokens)],
                               env=child_env(), capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0 or not tmp.exists():
             raise RuntimeError(f"real KV child failed (rc={proc.returncode}): {proc.stderr[-2000:]}")
-        tmp.rename(path)
+        os.replace(tmp, path)
     arr = np.load(path)
     log.info("real KV: %s bf16 values from %s", arr.shape, path)
     return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
