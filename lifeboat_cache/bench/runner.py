@@ -63,10 +63,21 @@ def run_all(out: Path, work: Path, sizes: Sizes, quick: bool, only: list[str]) -
             work.mkdir(parents=True, exist_ok=True)
             res["sections"][name] = _section(name, plan[name])
             shutil.rmtree(work, ignore_errors=True)
+            _partial(res, out)
         else:
             res["sections"][name] = {"status": "skipped", "reason": "not in --only"}
     res["elapsed_s"] = time.perf_counter() - t0
     return res
+
+
+def _partial(res: dict[str, Any], out: Path) -> None:
+    """results.json after every section, so an interrupted run keeps what it measured."""
+    import json
+
+    from .report import _json_default
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({**res, "partial": True}, indent=1, default=_json_default))
 
 
 def _no_real(sizes: Sizes) -> Sizes:
