@@ -82,6 +82,9 @@ def tables(res: dict[str, Any]) -> str:
     rows = _rows(ix)
     if _ok(ix) and rows:
         keys = [k for k in rows[0] if not isinstance(rows[0][k], (dict, list))]
+        main = [k for k in keys if k in ("pages", "impl") or any(w in k for w in (
+            "p99", "max", "after_fill", "filling_peak", "reopen", "first", "full"))]
+        keys = main if len(main) >= 3 else keys
         out += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         out += ["| " + " | ".join(_num(r.get(k)) for k in keys) + " |" for r in rows]
     else:
@@ -228,20 +231,30 @@ def _plot_sglang_vs_file(ax: Any, s: dict[str, Any]) -> None:
 
 
 def _plot_index_scale(ax: Any, ix: dict[str, Any]) -> None:
+    """Latency-like columns (p99, max, reopen / first hit / full index) on the left axis, bytes per
+    page on the right, against stored pages; whatever columns the index module reports."""
     rows = _rows(ix)
     xkey = next((k for k in ("pages", "n_pages", "stored_pages", "size") if rows and k in rows[0]), None)
     if not rows or xkey is None:
         _placeholder(ax, "index scale: no per-size rows to plot")
         return
     xs = [r[xkey] for r in rows]
-    for k in rows[0]:
-        if k != xkey and isinstance(rows[0][k], (int, float)) and not isinstance(rows[0][k], bool) and (
-                "ms" in k or "_s" in k or "per_page" in k or "p99" in k):
-            ax.plot(xs, [r.get(k) for r in rows], marker="o", label=k)
+    num = [k for k in rows[0] if k != xkey and isinstance(rows[0][k], (int, float)) and not isinstance(rows[0][k], bool)]
+    times = [k for k in num if "p99" in k or k.startswith("max") or any(w in k for w in ("reopen", "first", "full"))]
+    space = [k for k in num if "per_page" in k and any(w in k for w in ("after", "peak", "filling_max"))]
+    for k in times:
+        ax.plot(xs, [r.get(k) for r in rows], marker="o", label=k)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(xkey)
-    ax.legend(fontsize=7)
+    ax.set_ylabel("ms (or s)")
+    ax.legend(fontsize=6, loc="upper left")
+    if space:
+        ax2 = ax.twinx()
+        for k in space:
+            ax2.plot(xs, [r.get(k) for r in rows], marker="s", ls="--", label=k)
+        ax2.set_ylabel("bytes per page")
+        ax2.legend(fontsize=6, loc="lower right")
 
 
 def _plot_compression(ax: Any, cm: dict[str, Any]) -> None:

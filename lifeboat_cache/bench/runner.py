@@ -116,6 +116,8 @@ def main(args: argparse.Namespace) -> int:
     print(md)
     print(f"results: {out / 'results.json'}, {out / 'results.md'}, plots: {', '.join(p.name for p in pngs)}")
     failed = [n for n, s in res["sections"].items() if s.get("status") == "error"]
+    failed += [f"{n}.rebuild" for n, s in res["sections"].items()
+               if isinstance(s.get("rebuild"), dict) and s["rebuild"].get("status") == "error"]
     if res.get("real_kv", {}).get("status") == "error":
         failed.append("real_kv")
     if failed:

@@ -160,8 +160,11 @@ def run(work: Path, sizes: Sizes, quick: bool) -> dict[str, Any]:
         try:
             out["latencies"][str(latency)] = run_one(endpoint, sizes, work)
             if "rebuild" not in out:
-                out["rebuild"] = call_run("lifeboat_cache.bench.s3_rebuild", endpoint=endpoint, endpoint_url=endpoint,
-                                          work=work, root=work, quick=quick, sizes=sizes)
+                try:  # owned by the S3 tier: its failure is reported (and fails the run), ours are kept
+                    out["rebuild"] = call_run("lifeboat_cache.bench.s3_rebuild", endpoint=endpoint,
+                                              endpoint_url=endpoint, work=work, root=work, quick=quick, sizes=sizes)
+                except Exception as e:  # noqa: BLE001
+                    out["rebuild"] = {"status": "error", "error": f"{type(e).__name__}: {e}"}
         finally:
             proc.terminate()
             proc.wait(10)

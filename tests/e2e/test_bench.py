@@ -77,6 +77,7 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
     assert set(cm) == {"real_kv", "random_bf16"} and cm["real_kv"]["none"]["ratio"] == pytest.approx(1.0, rel=1e-3)
     s3 = res["sections"]["s3"]["latencies"]["0"]
     assert s3["misses"] == 0 and s3["promotions"] > 0
+    assert res["sections"]["s3"]["rebuild"]["status"] in {"ok", "not available"}  # lazy adapter
     m = res["sections"]["mlx"]["prompts"][0]
     assert m["tokens_identical"] and m["restored_cached_tokens"] == m["restorable_tokens"]
     for name in PLOTS:
