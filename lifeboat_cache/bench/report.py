@@ -206,7 +206,8 @@ def _bars(ax: Any, labels: list[str], series: dict[str, list[tuple[float, float,
 
 
 def _mmm(s: dict[str, Any]) -> tuple[float, float, float]:
-    return (s["median"], s["min"] if s["min"] is not None else s["median"], s["max"] if s["max"] is not None else s["median"])
+    med = s["median"]
+    return (med, med if s["min"] is None else s["min"], med if s["max"] is None else s["max"])
 
 
 def _plot_ceilings(ax: Any, c: dict[str, Any]) -> None:
@@ -224,7 +225,8 @@ def _plot_ceilings(ax: Any, c: dict[str, Any]) -> None:
 
 def _plot_sglang_vs_file(ax: Any, s: dict[str, Any]) -> None:
     labels = [f"{x['shape']} {x['layout']} {x['kind']}" for x in s["cases"]]
-    series = {p.replace("_", " "): [_mmm(x["ratio"][p]) for x in s["cases"]] for p in ("write", "cold_read", "warm_read")}
+    series = {p.replace("_", " "): [_mmm(x["ratio"][p]) for x in s["cases"]]
+              for p in ("write", "cold_read", "warm_read")}
     _bars(ax, labels, series, "LifeboatCache / file")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axhline(2.0, color="grey", lw=0.8, ls="--")
@@ -239,7 +241,7 @@ def _plot_index_scale(ax: Any, ix: dict[str, Any]) -> None:
         _placeholder(ax, "index scale: no per-size rows to plot")
         return
     xs = [r[xkey] for r in rows]
-    num = [k for k in rows[0] if k != xkey and isinstance(rows[0][k], (int, float)) and not isinstance(rows[0][k], bool)]
+    num = [k for k, v in rows[0].items() if k != xkey and isinstance(v, (int, float)) and not isinstance(v, bool)]
     times = [k for k in num if "p99" in k or k.startswith("max") or any(w in k for w in ("reopen", "first", "full"))]
     space = [k for k in num if "per_page" in k and any(w in k for w in ("after", "peak", "filling_max"))]
     for k in times:

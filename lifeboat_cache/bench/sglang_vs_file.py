@@ -100,7 +100,8 @@ class Controller:
 
         op = PrefetchOperation(CacheRequestHandle(rid="bench", attempt_id=0), [])
         for b, kb in enumerate(keys):
-            got = self.ctl.page_get_func(op, kb, slots[: len(kb) * PAGE_TOKENS], HiCacheStorageExtraInfo(prefix_keys=None))
+            got = self.ctl.page_get_func(op, kb, slots[: len(kb) * PAGE_TOKENS],
+                                         HiCacheStorageExtraInfo(prefix_keys=None))
             if got != len(kb):
                 raise RuntimeError(f"prefetch batch {b} got {got} of {len(kb)} pages")
 
