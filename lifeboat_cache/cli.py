@@ -269,6 +269,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
             sp.add_argument("--no-quarantine", action="store_true", help="only report bad records")
             sp.add_argument("--quiet", action="store_true", help="no progress bar")
     add_ls_parser(sub)
+    from .bench import add_parser as add_bench_parser  # light: the bench sections import lazily
+
+    add_bench_parser(sub)
     return p
 
 

@@ -1,0 +1,35 @@
+"""`lifeboat bench`: every performance figure of LifeboatCache, measured in one run on this machine.
+
+One module per section (ceilings, sglang_vs_file, index_scale via adapters, compression, s3, mlx);
+`runner` runs them in order and `report` prints the table, writes results.json / results.md and draws the
+PNG plots. Every figure is a ratio against something measured in the same run, or an absolute labelled
+with the machine. This package is imported only by the `bench` subcommand (torch, SGLang, MLX, moto and
+matplotlib load lazily, section by section).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+SECTIONS = ("ceilings", "sglang_vs_file", "index_scale", "compression", "s3", "mlx")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The `bench` subcommand's arguments (cli.py calls this)."""
+    p = sub.add_parser("bench", help="measure everything in one run: table, results.json, PNG plots")
+    p.add_argument("--out", default="bench-results", help="results folder (default: bench-results/)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, end to end in well under 2 minutes (CI)")
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of: {', '.join(SECTIONS)}")
+    p.add_argument("--size", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one size of the preset, e.g. --size reps=5 --size case_mib=512 "
+                        "(keys: see lifeboat_cache/bench/sizes.py)")
+    p.add_argument("--work-dir", default=None, help="where the contenders write (default: OUT/work; "
+                                                    "must be a real disk for cold reads)")
+    p.set_defaults(func=_cmd)
+    return p
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from .runner import main
+
+    return main(args)

@@ -1,0 +1,179 @@
+"""S3 tier on a local moto server over HTTP: parallel vs single-request throughput, first vs promoted read.
+
+For each added latency (`s3_latency_ms`: moto on loopback answers in ~1 ms and is CPU-bound, a real
+endpoint has tens of ms to first byte, so both are shown), one moto server subprocess serves:
+  * write / read: one request at a time (io_workers=1, one page per call) vs `s3_io_workers` parallel
+    requests (32-page batches): MB/s and the ratio parallel / serial;
+  * promotion: a local tier in front of S3, on a host that has never seen the pages: the first read
+    (S3 + promote to local) vs the second read (local), per-page latency, and the ratio at p50.
+Compression is off (random payload): this measures the request path. Then the S3 rebuild section of
+`lifeboat_cache.bench.s3_rebuild` (owned by the S3 tier) runs against the same server, if present.
+
+    python -m lifeboat_cache.bench.s3 --serve PORT --latency-ms MS   (the server child)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .adapters import call_run
+from .common import pct
+from .sizes import Sizes, ints
+
+BATCH = 32
+
+
+def serve(port: int, latency_ms: float) -> None:
+    """moto's S3 app on 127.0.0.1:port under werkzeug's threaded server, sleeping before each request."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    app = DomainDispatcherApplication(create_backend_app)
+    delay = latency_ms / 1000.0
+
+    def delayed(environ, start_response):  # type: ignore[no-untyped-def]
+        if delay:
+            time.sleep(delay)
+        return app(environ, start_response)
+
+    make_server("127.0.0.1", port, delayed, threaded=True, request_handler=MotoRequestHandler).serve_forever()
+
+
+def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "lifeboat_cache.bench.s3", "--serve", str(port),
+                             "--latency-ms", str(latency_ms)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for _ in range(300):
+        try:
+            opener.open(url + "/moto-api/", timeout=1).read(0)
+            return proc, url
+        except Exception:  # noqa: BLE001 - not up yet
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"moto server on {url} did not start")
+
+
+def settings(endpoint: str, bucket: str, workers: int, local: Path | None = None) -> Any:
+    from ..config import settings_from_dict
+
+    s3 = {"type": "s3", "bucket": bucket, "prefix": "bench", "endpoint_url": endpoint, "region": "us-east-1",
+          "read_timeout_s": 60, "refresh_interval_s": 60}
+    storage = ([{"type": "local", "path": str(local), "capacity": "8GiB"}] if local else []) + [s3]
+    return settings_from_dict({"storage": storage, "engine": {"io_workers": workers, "compression": "none"}})
+
+
+def run_one(endpoint: str, sizes: Sizes, work: Path) -> dict[str, Any]:
+    import boto3
+
+    from .. import ChunkStore, namespace_fingerprint
+
+    ns = namespace_fingerprint(model="bench-s3")
+    bucket = f"bench-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    rng = np.random.default_rng(0)
+    n, size, par = sizes.s3_pages, sizes.s3_page_kib << 10, sizes.s3_io_workers
+    pages = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+    mb = n * size / 1e6
+    out: dict[str, Any] = {"pages": n, "page_bytes": size, "io_workers": par}
+    misses = 0
+
+    def warm(st: Any, tag: str) -> None:
+        st.put(ns, [f"warm-{tag}-{i}" for i in range(2)], pages[:2])
+        st.get_into(ns, [f"warm-{tag}-{i}" for i in range(2)], [np.empty_like(p) for p in pages[:2]])
+
+    with ChunkStore.open(settings(endpoint, bucket, 1), background=False) as st:
+        warm(st, "s")
+        t0 = time.perf_counter()
+        for i, p in enumerate(pages):
+            if st.put(ns, [f"s{i}"], [p]) != [True]:
+                raise RuntimeError("S3 put failed")
+        out["write_serial_mb_s"] = mb / (time.perf_counter() - t0)
+    with ChunkStore.open(settings(endpoint, bucket, par), background=False) as st:
+        warm(st, "p")
+        t0 = time.perf_counter()
+        for i in range(0, n, BATCH):
+            if not all(st.put(ns, [f"p{j}" for j in range(i, min(n, i + BATCH))], pages[i: i + BATCH])):
+                raise RuntimeError("S3 put failed")
+        out["write_parallel_mb_s"] = mb / (time.perf_counter() - t0)
+    with ChunkStore.open(settings(endpoint, bucket, 1), background=False) as st:
+        warm(st, "rs")
+        dst = np.empty(size, np.uint8)
+        t0 = time.perf_counter()
+        for i in range(n):
+            misses += not st.get_into(ns, [f"s{i}"], [dst])[0]
+        out["read_serial_mb_s"] = mb / (time.perf_counter() - t0)
+    with ChunkStore.open(settings(endpoint, bucket, par), background=False) as st:
+        warm(st, "rp")
+        dsts = [np.empty(size, np.uint8) for _ in range(BATCH)]
+        t0 = time.perf_counter()
+        for i in range(0, n, BATCH):
+            ks = [f"p{j}" for j in range(i, min(n, i + BATCH))]
+            misses += len(ks) - sum(st.get_into(ns, ks, dsts[: len(ks)]))
+        out["read_parallel_mb_s"] = mb / (time.perf_counter() - t0)
+    local = work / f"s3-local-{bucket}"
+    with ChunkStore.open(settings(endpoint, bucket, par, local), background=False) as st:
+        dst = np.empty(size, np.uint8)
+        first, second = [], []
+        for lat in (first, second):
+            for i in range(n):
+                t = time.perf_counter()
+                misses += not st.get_into(ns, [f"s{i}"], [dst])[0]
+                lat.append(time.perf_counter() - t)
+        c = st.counters.snapshot()
+    shutil.rmtree(local, ignore_errors=True)
+    out["write_ratio"] = out["write_parallel_mb_s"] / out["write_serial_mb_s"]
+    out["read_ratio"] = out["read_parallel_mb_s"] / out["read_serial_mb_s"]
+    out["first_read"], out["promoted_read"] = pct(first), pct(second)
+    out["promoted_speedup_p50"] = float(np.median(first) / np.median(second))
+    out["promotions"] = c.get("promotions", 0)
+    out["misses"] = misses
+    if misses:
+        raise RuntimeError(f"S3 bench: {misses} misses")
+    return out
+
+
+def run(work: Path, sizes: Sizes, quick: bool) -> dict[str, Any]:
+    for k, v in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
+                 ("AWS_EC2_METADATA_DISABLED", "true")):
+        os.environ.setdefault(k, v)
+    out: dict[str, Any] = {"latencies": {}}
+    for latency in ints(sizes.s3_latency_ms):
+        proc, endpoint = start_server(latency)
+        try:
+            out["latencies"][str(latency)] = run_one(endpoint, sizes, work)
+            if "rebuild" not in out:
+                try:  # owned by the S3 tier: its failure is reported (and fails the run), ours are kept
+                    out["rebuild"] = call_run("lifeboat_cache.bench.s3_rebuild", endpoint=endpoint,
+                                              endpoint_url=endpoint, work=work, root=work, quick=quick, sizes=sizes)
+                except Exception as e:  # noqa: BLE001
+                    out["rebuild"] = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--serve", type=int, required=True)
+    ap.add_argument("--latency-ms", type=float, default=0.0)
+    a = ap.parse_args()
+    serve(a.serve, a.latency_ms)

@@ -1,0 +1,63 @@
+"""How big each section runs: the full preset (fits ~15 minutes on a 2-core machine), the quick
+preset (CI: the whole harness end to end in well under 2 minutes), and `--size key=value` overrides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class Sizes:
+    ceiling_mib: int = 256           # bytes per ceiling measurement (memcpy, plain file, codec)
+    reps: int = 3                    # interleaved reps per contender pair (medians + spread)
+    case_mib: int = 192              # page bytes written per contender per rep and case
+    batch_pages: int = 32            # pages per controller batch call
+    torch_threads: int = 1           # torch intra-op threads, pinned for both contenders
+    compression: str = "default"     # LifeboatCache `compression:` for the SGLang section (default: its own)
+    realkv_tokens: int = 1024        # SmolLM2 tokens of real text behind the real-KV pages
+    index_pages: str = "10000,100000,1000000,10000000"
+    s3_pages: int = 64
+    s3_page_kib: int = 512
+    s3_io_workers: int = 16
+    s3_latency_ms: str = "0,20"       # added per-request latency of the local S3 server (a real endpoint: tens of ms)
+    mlx_tokens: str = "512,2048,8192"
+    mlx_new_tokens: int = 8
+    mlx_processes: int = 3           # 3: cold / restored / baseline in fresh processes; 1: one process (quick)
+    shapes: str = "small,8b"
+    layouts: str = "page_first,layer_first"
+    kinds: str = "real,random"
+
+
+QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, realkv_tokens=64, index_pages="1000,10000",
+              s3_pages=8, s3_page_kib=64, s3_io_workers=4, s3_latency_ms="0", mlx_tokens="128", mlx_new_tokens=2,
+              mlx_processes=1)
+
+
+def make(quick: bool, overrides: list[str]) -> Sizes:
+    """The preset with `key=value` overrides; a bad key or value names the field."""
+    base = QUICK if quick else Sizes()
+    types = {f.name: f.type for f in fields(Sizes)}
+    kw = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types:
+            raise ValueError(f"--size {item!r}: expected KEY=VALUE with KEY one of {', '.join(types)}")
+        if types[key] in (int, "int"):
+            try:
+                kw[key] = int(value)
+            except ValueError:
+                raise ValueError(f"--size {key}: {value!r} is not an integer") from None
+            if kw[key] <= 0:
+                raise ValueError(f"--size {key}: must be > 0")
+        else:
+            kw[key] = value.strip()
+    return replace(base, **kw)
+
+
+def ints(csv: str) -> list[int]:
+    return [int(x) for x in csv.split(",") if x.strip()]
+
+
+def names(csv: str) -> list[str]:
+    return [x.strip() for x in csv.split(",") if x.strip()]
