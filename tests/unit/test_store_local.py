@@ -55,7 +55,12 @@ def test_round_trip_every_dtype(tmp_path, dtype, compression):
         assert st.exists(NS, ks) == 40
         assert all(read_back(st, ks, pages))
         ratio = st.stats()["compression_ratio"]
-        assert (ratio > 1.0) if compression == "zstd" and dtype in (np.uint16, np.float16) else True
+        if compression == "none":
+            assert ratio == pytest.approx(1.0, abs=0.01)  # stored as is (payload bytes = page bytes)
+        elif dtype in (np.uint16, np.float16):
+            assert ratio > 1.0  # bf16-like bits: zstd gains on the exponent bytes
+        else:
+            assert ratio > 0.9  # random float32 / byte views: zstd may gain nothing, but never inflates much
 
 
 def test_exists_counts_leading_hits_and_namespaces_are_disjoint(tmp_path):
@@ -263,5 +268,5 @@ def test_wrong_sized_buffer_is_a_miss_not_a_partial_copy(tmp_path):
         st.put(NS, ["a"], [page(1)])
         small = np.zeros(100, dtype=np.uint16)
         assert st.get_into(NS, ["a"], [small]) == [False]
-        assert (small == 0).all() or True  # content unspecified on a miss; the result is what counts
+        assert (small == 0).all()  # a miss leaves the caller's buffer untouched: no partial copy
         assert st.contains(NS, ["a"]) == [True]  # an intact record is not dropped for a caller's mistake
