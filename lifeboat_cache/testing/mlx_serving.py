@@ -285,8 +285,12 @@ class MlxServing:
         return np.array(k), np.array(v)
 
     def reset_tree(self) -> None:
-        """Forget the in-memory prefix cache (as SGLang's /flush_cache does); the store is untouched."""
+        """Forget the in-memory prefix cache as SGLang's ``Scheduler.flush_cache`` does (tree, request
+        rows, token slots, auxiliary-state slots; then the MLX runner's pool); the store is untouched."""
         self.cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        self.req_to_token_pool.reset_aux_cache_allocator()
         self.runner.clear()
 
     def flush(self, timeout: float = 60.0) -> bool:
