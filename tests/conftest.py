@@ -29,7 +29,6 @@ import pytest
 log = logging.getLogger("lifeboat.tests")
 
 LOOPBACK = "127.0.0.1"
-DEFAULT_BLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
 _SERVER_START_TIMEOUT_S = 60.0
 
 _AWS_TEST_ENV = {
@@ -298,27 +297,17 @@ def s3_server(_moto_log_dir: Path):
 # --------------------------------------------------------------------------------------------
 
 
-def blas_preload_path() -> str | None:
-    """The OpenBLAS libblas.so.3 to LD_PRELOAD for MLX on Linux CPU, or None."""
-    candidate = os.environ.get("LIFEBOAT_BLAS_PRELOAD") or str(DEFAULT_BLAS)
-    if sys.platform.startswith("linux") and os.path.exists(candidate):
-        return candidate
-    return None
-
-
 @pytest.fixture
 def blas_env() -> dict[str, str]:
     """``os.environ`` copy for child processes, with LD_PRELOAD = OpenBLAS when it exists.
 
     MLX's Linux CPU wheel links a reference BLAS (~30x slower fp32 GEMM); preloading Debian's
-    OpenBLAS interposes cblas_sgemm. Without the library the env is returned unchanged.
+    OpenBLAS interposes cblas_sgemm. Without the library the env is returned unchanged. The rule
+    lives in one place, ``lifeboat_cache.testing.mlx_serving.child_env`` (the demo uses it too).
     """
-    env = dict(os.environ)
-    lib = blas_preload_path()
-    if lib:
-        existing = [p for p in env.get("LD_PRELOAD", "").split() if p and p != lib]
-        env["LD_PRELOAD"] = " ".join([lib, *existing])
-        env["LIFEBOAT_BLAS_PRELOAD"] = lib
-    else:
+    from lifeboat_cache.testing.mlx_serving import child_env
+
+    env = child_env(dict(os.environ))
+    if "LIFEBOAT_BLAS_PRELOAD" not in env:
         log.info("OpenBLAS libblas.so.3 not found; MLX children run with the wheel's reference BLAS")
     return env

@@ -381,6 +381,7 @@ def child_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str
     if sys.platform.startswith("linux") and os.path.exists(lib):
         parts = [p for p in env.get("LD_PRELOAD", "").split() if p and p != lib]
         env["LD_PRELOAD"] = " ".join([lib, *parts])
+        env["LIFEBOAT_BLAS_PRELOAD"] = lib
     env.update(extra)
     return env
 

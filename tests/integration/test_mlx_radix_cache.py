@@ -36,6 +36,7 @@ from lifeboat_cache.config import settings_from_dict  # noqa: E402
 from lifeboat_cache.runtimes import mlx as lbmlx  # noqa: E402
 from lifeboat_cache.testing.mlx_models import tiny_llama  # noqa: E402
 from lifeboat_cache.testing.mlx_serving import child_env, run_plan_process  # noqa: E402
+from support.chunks import flip_byte  # noqa: E402
 
 C = lbmlx.CHUNK_TOKENS
 N_FULL = 4  # a 300-token prompt: SGLang matches at most 299 tokens -> 4 full chunks (256 tokens)
@@ -202,7 +203,7 @@ def test_corrupted_store_is_never_installed(world: dict, tmp_path: Path) -> None
     for seg in segments:  # flip bytes all through the payloads
         data = bytearray(seg.read_bytes())
         for off in range(4096, len(data), 8191):
-            data[off] ^= 0xFF
+            flip_byte(data, off)
         seg.write_bytes(bytes(data))
     res = _run(world["model_a"], bad_xdg, tmp_path / "corrupt-run", [_gen("P", "P", rows=N_FULL * C)])
     p = res["steps"]["P"]
