@@ -466,3 +466,25 @@ def test_trace_logs_one_line_per_call(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lifeboat trace:")]
     assert len(lines) == 3 and lines[0].startswith("lifeboat trace: batch_set_v1 8 keys -> 8"), lines
     b.close()
+
+
+# ------------------------------------------------------------------ pools whose pages are not views
+@pytest.mark.parametrize("pools", [mha_pools, mla_pools], ids=["mha", "mla"])
+def test_pages_that_are_not_views_are_refused_zero_copy_and_never_raise(tmp_path, caplog, pools):
+    """SGLang's `page_unified` host layout: a page is not a plain view of the pool's own buffers, so
+    zero-copy is refused for it (logged, never decoded into). SGLang 0.5.23's copying accessors do not
+    support that layout either (`get_data_page` raises), so every call is a counted miss or a dropped
+    write, never an exception into SGLang's threads."""
+    _, host = pools("page_unified")
+    keys = page_keys(_tokens(8, base=70_000), host.page_size)
+    slots = host.alloc(8 * host.page_size)
+    with caplog.at_level(logging.INFO, logger="lifeboat_cache"):
+        b = create_backend(storage_config(extra=lifeboat_extra(tmp_path), mla=pools is mla_pools),
+                           {PoolName.KV: host})
+    try:
+        assert any("pages are not plain views" in r.getMessage() for r in caplog.records)
+        assert b.batch_set_v1(keys, slots) == [False] * 8
+        assert b.batch_exists(keys) == 0
+        assert b.batch_get_v1(keys, slots) == [False] * 8
+    finally:
+        b.close()
