@@ -127,6 +127,7 @@ class MlxServing:
             server_args=self.server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=self.hybrid,
             enable_hierarchical_cache=False, disable_radix_cache=False, tp_worker=self.worker,
             model_config=self.model_config, tp_size=1, tp_rank=0, tp_group=None)
+        self.build_context = ctx  # what SGLang handed the radix-cache factory (tests rebuild from it)
         self.cache = create_tree_cache(ctx)
         self._scheduler = self._scheduler_shell()
         self._n = 0

@@ -150,3 +150,52 @@ def test_reset_tree_frees_every_slot(tmp_path: Path, blas_env: dict) -> None:
     assert proc.returncode == 0 and line, proc.stderr[-4000:]
     res = json.loads(line[len("RESULT "):])
     assert res["after"] == res["before"], res  # 3 requests of 100 prompt tokens: no slot kept
+
+
+FALLBACKS = textwrap.dedent("""
+    import dataclasses, json, logging, os, sys
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
+    from lifeboat_cache.testing.mlx_models import tiny_llama
+    from lifeboat_cache.testing.mlx_serving import MlxServing
+    from lifeboat_cache.integrations import sglang_mlx
+
+    s = MlxServing(tiny_llama(sys.argv[1]), lifeboat=True, pool_size=512, max_running_requests=2)
+    ctx = s.build_context
+    out = {"normal": s.engine is not None}
+
+    def build(**kw):
+        cache = sglang_mlx.create_lifeboat_radix_cache(dataclasses.replace(ctx, **kw))
+        served = cache.match_prefix is not None  # a working SGLang prefix cache either way
+        return {"class": type(cache).__name__, "lifeboat": getattr(cache, "lifeboat", None) is not None,
+                "served": served}
+
+    out["disabled"] = build(disable_radix_cache=True)
+    os.environ["LIFEBOAT_CONFIG"] = sys.argv[2]  # model_id set; the store path lies under a regular file
+    out["no_store"] = build()
+    print("RESULT " + json.dumps(out), flush=True)
+""")
+
+
+def test_mlx_factory_falls_back_to_sglangs_radix_cache(tmp_path: Path, blas_env: dict) -> None:
+    """The `lifeboat` radix-cache factory, called by SGLang's registry with the context SGLang built,
+    serves with SGLang's default radix cache (and says why) when the radix cache is disabled or the
+    store cannot be opened (a real unwritable path). Not covered here: the sliding-window and
+    no-full-attention fallbacks need such a model (and SGLang's SWA allocator) in the MLX runner."""
+    pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'mlx[cpu]')")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    config = tmp_path / "lifeboat.yaml"
+    config.write_text(f"model_id: fallback-test\nstorage:\n  - type: local\n    path: {blocker / 'store'}\n")
+    env = dict(blas_env, XDG_CACHE_HOME=str(tmp_path / "xdg"), HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-c", FALLBACKS, str(tmp_path / "model"), str(config)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(line[len("RESULT "):])
+    assert res["normal"] is True
+    for case in ("disabled", "no_store"):
+        assert res[case]["lifeboat"] is False and res[case]["served"], (case, res)
+    logs = proc.stdout
+    assert "the radix cache is disabled" in logs
+    assert "cannot open the LifeboatCache store" in logs
+    assert logs.count("serving with SGLang's default radix cache") == 2
