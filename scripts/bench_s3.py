@@ -25,12 +25,9 @@ import argparse
 import logging
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -48,42 +45,9 @@ BATCH = 32
 
 
 # ---------------------------------------------------------------------------- the server
-def serve(port: int, latency_ms: float) -> None:
-    """Run moto's S3 app on 127.0.0.1:port, sleeping latency_ms before each request."""
-    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-    from werkzeug.serving import make_server
-
-    app = DomainDispatcherApplication(create_backend_app)
-    delay = latency_ms / 1000.0
-
-    def delayed(environ, start_response):  # type: ignore[no-untyped-def]
-        if delay:
-            time.sleep(delay)
-        return app(environ, start_response)
-
-    make_server("127.0.0.1", port, delayed, threaded=True, request_handler=MotoRequestHandler).serve_forever()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--latency-ms", str(latency_ms)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    for _ in range(300):
-        try:
-            opener.open(url + "/moto-api/", timeout=1).read(0)
-            return proc, url
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"moto server on {url} did not start")
+# One launcher for tests and benchmarks: tests/support/s3_server.py (latency_ms adds a per-request delay).
+sys.path.insert(0, str(ROOT / "tests"))
+from support.s3_server import MotoS3Server  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- measurements
@@ -183,15 +147,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-kib", type=int, default=512)
     p.add_argument("--io-workers", type=int, default=16)
     p.add_argument("--latency-ms", default="0,20", help="comma-separated added per-request latencies")
-    p.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = setup_arg_parser().parse_args(argv)
-    if args.serve is not None:
-        serve(args.serve, float(args.latency_ms))
-        return 0
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
@@ -205,14 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     try:
         for latency in [float(x) for x in args.latency_ms.split(",")]:
-            proc, endpoint = start_server(latency)
+            server = MotoS3Server(log_dir=tmp, latency_ms=latency).start()
             try:
-                print(f"\nmoto S3 server {endpoint}, +{latency:g} ms per request")
-                r = run_one(endpoint, args, tmp)
+                print(f"\nmoto S3 server {server.endpoint}, +{latency:g} ms per request")
+                r = run_one(server.endpoint, args, tmp)
                 failed |= r["misses"] > 0
             finally:
-                proc.terminate()
-                proc.wait(10)
+                server.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failed else 0
