@@ -133,6 +133,7 @@ class MlxServing:
             server_args=self.server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=self.hybrid,
             enable_hierarchical_cache=hicache, disable_radix_cache=False, tp_worker=self.worker,
             model_config=self.model_config, tp_size=1, tp_rank=0, tp_group=None)
+        self.build_context = ctx  # what SGLang handed the radix-cache factory (tests rebuild from it)
         self.cache = create_tree_cache(ctx)
         self._scheduler = self._scheduler_shell()
         self._n = 0
@@ -291,8 +292,12 @@ class MlxServing:
         return np.array(k), np.array(v)
 
     def reset_tree(self) -> None:
-        """Forget the in-memory prefix cache (as SGLang's /flush_cache does); the store is untouched."""
+        """Forget the in-memory prefix cache as SGLang's ``Scheduler.flush_cache`` does (tree, request
+        rows, token slots, auxiliary-state slots; then the MLX runner's pool); the store is untouched."""
         self.cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        self.req_to_token_pool.reset_aux_cache_allocator()
         self.runner.clear()
 
     def flush(self, timeout: float = 60.0) -> bool:
@@ -390,6 +395,7 @@ def child_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str
     if sys.platform.startswith("linux") and os.path.exists(lib):
         parts = [p for p in env.get("LD_PRELOAD", "").split() if p and p != lib]
         env["LD_PRELOAD"] = " ".join([lib, *parts])
+        env["LIFEBOAT_BLAS_PRELOAD"] = lib
     env.update(extra)
     return env
 

@@ -2,11 +2,12 @@
 
 Nothing of SGLang is stubbed. Device pools are SGLang's `MHATokenToKVPool` / `MLATokenToKVPool` on
 `device="cpu"`; host pools are built from their `get_device_pool_infos()` buffer descriptions with
-`pin_memory=False`. `CpuHiCache` is SGLang's `HybridCacheController` with its real
-`attach_storage_backend` (StorageBackendFactory, pool registration, backend threads) and its real
-backup / prefetch threads. Only its constructor is skipped (it creates CUDA streams): the attributes
-it would set are set here, and this module plays the scheduler thread's part (allocating host
-slots for a storage hit and handing the operation to the prefetch I/O thread).
+`pin_memory=False`. `CpuHiCache` is SGLang's `HybridCacheController` built through its own
+constructor on CPU (a `TokenToKVPoolAllocator` over the device pool, a `HostPoolGroup`, no process
+groups: a single rank), which attaches the storage backend itself (StorageBackendFactory, pool
+registration, backend threads) and runs its real backup / prefetch threads. What is not SGLang's:
+this module plays the scheduler thread's part (allocating host slots for a storage hit and handing
+the operation to the prefetch I/O thread), and no device<->host (L1<->L2) transfer is driven.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
 from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolHitPolicy, PoolName, PoolTransfer
@@ -129,22 +131,15 @@ class CpuHiCache:
                                      layer_mapper=lambda i: i))
         self.host, self.mamba, self.page_size = host, mamba, host.page_size
         self.group = HostPoolGroup(entries)
-        c = object.__new__(HybridCacheController)
-        state = dict(
-            mem_pool_host=self.group, storage_host_pool=host, mem_pool_device=dev, page_size=host.page_size,
-            host_memory_mode="cache", enable_storage=False, enable_storage_metrics=True,
-            storage_stop_event=threading.Event(), tp_group=None, attn_cp_group=None, attn_tp_group=None,
-            pp_group=None, pp_prefetch_command_group=None, pp_prefetch_command_thread=None,
-            prefetch_hits_sync_groups=[], prefetch_completion_sync_groups=[],
-            pp_prefetch_state_lock=threading.Lock(), pp_prefetch_states={}, pp_prefetch_decisions={},
-            extra_host_mem_release_queues={})
-        for k, v in state.items():
-            setattr(c, k, v)
+        allocator = TokenToKVPoolAllocator(size=dev.size, dtype=dev.dtype, device="cpu", kvcache=dev,
+                                           need_sort=False)
         with get_parallel().override(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1,
                                      attn_dcp_size=1, attn_dcp_rank=0):
-            c.attach_storage_backend(storage_backend, prefetch_threshold=host.page_size, model_name=model,
-                                     storage_backend_extra_config=dict(extra),
-                                     host_pools=self.group.entries)
+            c = HybridCacheController(
+                token_to_kv_pool_allocator=allocator, mem_pool_host=self.group, page_size=host.page_size,
+                tp_group=None, load_cache_event=threading.Event(), storage_backend=storage_backend,
+                prefetch_threshold=host.page_size, model_name=model,
+                storage_backend_extra_config=dict(extra), enable_storage_metrics=True)
         self.ctl = c
         self.backend = c.storage_backend
         self._rid = 0

@@ -22,7 +22,6 @@ Proven here:
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from lifeboat_cache.config import settings_from_dict  # noqa: E402
 from lifeboat_cache.runtimes import mlx as lbmlx  # noqa: E402
 from lifeboat_cache.testing.mlx_models import tiny_llama  # noqa: E402
 from lifeboat_cache.testing.mlx_serving import child_env, run_plan_process  # noqa: E402
+from support.chunks import flip_byte  # noqa: E402
 
 C = lbmlx.CHUNK_TOKENS
 N_FULL = 4  # a 300-token prompt: SGLang matches at most 299 tokens -> 4 full chunks (256 tokens)
@@ -203,7 +203,7 @@ def test_corrupted_store_is_never_installed(world: dict, tmp_path: Path) -> None
     for seg in segments:  # flip bytes all through the payloads
         data = bytearray(seg.read_bytes())
         for off in range(4096, len(data), 8191):
-            data[off] ^= 0xFF
+            flip_byte(data, off)
         seg.write_bytes(bytes(data))
     res = _run(world["model_a"], bad_xdg, tmp_path / "corrupt-run", [_gen("P", "P", rows=N_FULL * C)])
     p = res["steps"]["P"]
@@ -213,4 +213,6 @@ def test_corrupted_store_is_never_installed(world: dict, tmp_path: Path) -> None
     if cached:  # whatever was restored passed verification and is bitwise the cold rows
         assert np.array_equal(np.load(tmp_path / "corrupt-run" / "P_k.npy")[:, :cached],
                               _rows(world, "cold", "P")[0][:, :cached])
-    assert json.dumps(res["stats"])  # and nothing raised into the scheduler
+    assert p["aborted"] is None  # the request was served: nothing raised into the scheduler
+    refused = sum(res["stats"].get(f"miss_{why}", 0) for why in ("checksum", "header", "payload", "truncated"))
+    assert refused >= 1, res["stats"]  # and each refusal was counted as a miss

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,8 @@ from lifeboat_cache.keys import index_key, key_digest  # noqa: E402
 from lifeboat_cache.testing.tiers import Rec, TierTests  # noqa: E402
 from lifeboat_cache.tiers.base import Ref, Tier  # noqa: E402
 from lifeboat_cache.tiers.s3 import OBJECT_SUFFIX, S3Tier  # noqa: E402
+from support import chunks  # noqa: E402
+from support.chunks import pages, wait_for  # noqa: E402
 
 NS = namespace_fingerprint(model="s3-test", dtype="bfloat16", page_size=64)
 
@@ -44,28 +47,8 @@ def s3_settings(endpoint: str, bucket: str, **engine: Any):
     return settings_from_dict({"storage": [s3_entry(endpoint, bucket)], "engine": eng})
 
 
-def pages(n: int, seed: int = 0, size: int = 16384) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [(rng.standard_normal(size // 2).astype(np.float32) * 0.05).astype(np.float16) for _ in range(n)]
-
-
-def keys(n: int, prefix: str = "k") -> list[str]:
-    return [f"{prefix}{i:05d}" for i in range(n)]
-
-
-def read_back(st: ChunkStore, ks: list[str], ps: list[np.ndarray]) -> list[bool]:
-    out = [np.empty_like(p) for p in ps]
-    ok = st.get_into(NS, ks, out)
-    return [bool(o and (a == b).all()) for o, a, b in zip(ok, out, ps)]
-
-
-def wait_for(cond, timeout: float = 10.0, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return cond()
+keys = partial(chunks.keys, width=5)
+read_back = partial(chunks.read_back, ns=NS)
 
 
 # ------------------------------------------------------------------------------ conformance
@@ -95,7 +78,7 @@ class TestS3Conformance(TierTests):
 
     def raw_corrupt(self, tier: Tier, ref: Ref, at: int) -> None:
         body = bytearray(self._get(tier, ref))  # type: ignore[arg-type]
-        body[ref.loc.offset + at] ^= 0xFF
+        chunks.flip_byte(body, ref.loc.offset + at)
         self._client(tier).put_object(Bucket=tier.bucket, Key=self._key(tier, ref), Body=bytes(body))  # type: ignore[arg-type]
 
     def raw_truncate(self, tier: Tier, ref: Ref) -> None:

@@ -459,12 +459,25 @@ def test_invalid_env_stops_python_m_sglang_launch_server() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _recorder(calls: list):
-    def original(*args, **kwargs):
-        calls.append(kwargs)
-        return "staging"
+def _sglang_mha_signature(*args, **kwargs) -> dict:
+    """The arguments SGLang's real `prepare_mha_write_back_staging` receives, bound to its own signature
+    (a renamed or removed `page_capacity` in SGLang fails here, not silently in a launch)."""
+    import inspect
 
-    return original
+    from sglang.srt.mem_cache.pool_host import mha
+
+    real = inspect.unwrap(mha.prepare_mha_write_back_staging)
+    bound = inspect.signature(real).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _cpu_mha_buffer_info():
+    """SGLang's own MHA device pool on CPU and its buffer description (what the host pool reads)."""
+    from sglang_pools import mha_pools
+
+    dev, _ = mha_pools("page_first", page_size=64, layers=2, heads=2, head_dim=8, tokens=64 * 64)
+    return dev.get_device_pool_infos()[0].buffer_info
 
 
 @pytest.mark.parametrize(
@@ -472,86 +485,95 @@ def _recorder(calls: list):
     [(None, 64, 64, 16), (None, 16, 64, 64), (None, 64, 5, 5), ("256", 64, 64, 4), ("100", 128, 64, 1)],
 )
 def test_mha_staging_bound_in_a_lifeboat_scheduler(monkeypatch, env_tokens, page_size, capacity, expected) -> None:
+    """The sizing rule, then the hook's arguments bound against SGLang's real signature.
+
+    SGLang's `prepare_mha_write_back_staging` reads `page_capacity` only on CUDA/HIP with its JIT
+    kernel (it returns None first on CPU), so the allocation itself cannot run here; see
+    `test_real_mha_staging_on_cpu_through_the_hook` for the CPU path through the installed hook.
+    """
     from sglang.srt.runtime_context import create_context, use_context
 
     if env_tokens:
         monkeypatch.setenv(cuda.ENV_STAGING_TOKENS, env_tokens)
     sa = resolve(**LIFEBOAT)
-    calls: list = []
+    info = _cpu_mha_buffer_info()
     with use_context(create_context(sa, role="scheduler")):
         assert sglang_plugin.published_launch_uses_lifeboat()
-        out = sglang_plugin._bound_mha_staging(
-            _recorder(calls), "buffer_info", layer_num=2, page_size=page_size, page_capacity=capacity
+        bound = sglang_plugin.staging_bound_pages(page_size)
+        args = sglang_plugin._bound_mha_staging(
+            _sglang_mha_signature, info, layer_num=2, page_size=page_size, page_capacity=capacity
         )
-    assert out == "staging" and calls[0]["page_capacity"] == expected
+    assert args["page_capacity"] == expected == min(capacity, bound)
+    assert args["buffer_info"] is info and args["layer_num"] == 2 and args["page_size"] == page_size
 
 
 def test_mha_staging_untouched_without_lifeboat() -> None:
     from sglang.srt.runtime_context import create_context, use_context
 
     sa = resolve(enable_hierarchical_cache=True, hicache_storage_backend="file")
-    calls: list = []
+    info = _cpu_mha_buffer_info()
     with use_context(create_context(sa, role="scheduler")):
         assert not sglang_plugin.published_launch_uses_lifeboat()
-        sglang_plugin._bound_mha_staging(_recorder(calls), "bi", layer_num=2, page_size=64, page_capacity=64)
-    sglang_plugin._bound_mha_staging(_recorder(calls), "bi", layer_num=2, page_size=64)  # nothing published
-    assert calls[0]["page_capacity"] == 64 and "page_capacity" not in calls[1]
+        assert sglang_plugin.staging_bound_pages(64) is None
+        args = sglang_plugin._bound_mha_staging(_sglang_mha_signature, info, layer_num=2, page_size=64,
+                                                page_capacity=64)
+    assert args["page_capacity"] == 64
+    default = sglang_plugin._bound_mha_staging(_sglang_mha_signature, info, layer_num=2, page_size=64)
+    assert default["page_capacity"] == cuda.SGLANG_STAGING_PAGE_CHUNK  # nothing published: SGLang's default
 
 
-def test_real_mha_staging_allocation_is_bounded(monkeypatch, plugins: dict) -> None:
-    """SGLang's own `prepare_mha_write_back_staging`, through the installed hook, allocating on CPU.
-
-    The function returns early off CUDA and JIT-compiles a CUDA kernel to check the element size, so
-    those two gates are opened here (`_is_cuda`, `can_use_write_back_jit_kernel`); the shape
-    arithmetic and the allocation are SGLang's.
-    """
+def test_real_mha_staging_on_cpu_through_the_hook(plugins: dict) -> None:
+    """SGLang's own `prepare_mha_write_back_staging`, called through the installed hook, with no gate
+    patched: on CPU SGLang allocates no staging buffer (its CUDA/HIP branch with the JIT kernel check
+    is the only one that does), and the hook must keep that path intact."""
     if not plugins["loaded_by_us"]:
         pytest.skip("load_plugins() ran earlier in this session without the pool modules imported")
-    import torch
-    from sglang.srt.mem_cache import device_pool_info as dpi
     from sglang.srt.mem_cache.pool_host import mha
     from sglang.srt.runtime_context import create_context, use_context
 
-    monkeypatch.setattr(mha, "_is_cuda", True)
-    monkeypatch.setattr(mha, "can_use_write_back_jit_kernel", lambda **kw: True)
-    k = tuple(torch.zeros(8, 2, 8, dtype=torch.bfloat16) for _ in range(2))
-    buffers = dpi.KVBuffers(k=k, v=k, k_data_ptrs=None, v_data_ptrs=None, layout=dpi.KVBufferLayout.NHD)
-    info = dpi.MHABufferInfo(
-        buffers=buffers,
-        page_size=64,
-        head_num=2,
-        head_dim=8,
-        v_head_dim=8,
-        dtype=torch.bfloat16,
-        device=torch.device("cpu"),
-    )
-
-    def staging_tokens(sa) -> int:
+    assert hasattr(mha.prepare_mha_write_back_staging, "__wrapped__")
+    info = _cpu_mha_buffer_info()
+    for sa in (resolve(**LIFEBOAT), resolve(enable_hierarchical_cache=True)):
         with use_context(create_context(sa, role="scheduler")):
-            k_buf, _ = mha.prepare_mha_write_back_staging(info, layer_num=2, page_size=64, page_capacity=64)
-        return k_buf.shape[0]
-
-    assert staging_tokens(resolve(**LIFEBOAT)) == 1024
-    assert staging_tokens(resolve(enable_hierarchical_cache=True)) == 64 * 64  # SGLang's own: 4096
+            assert mha.prepare_mha_write_back_staging(info, layer_num=2, page_size=64, page_capacity=64) is None
 
 
-def test_mla_staging_bound_presents_a_smaller_page_count() -> None:
+def test_mla_staging_bound_on_a_real_mla_host_pool(plugins: dict) -> None:
+    """SGLang's MLA host pool built on CPU (`page_first`, 512 pages of 4 tokens) and its own
+    `_init_write_back_staging_buffers`, through the installed hook.
+
+    On CPU that method returns before it reads `page_num` (no device kernels), so the page count the
+    hook presents is observed by calling SGLang's own unwrapped method from inside the hook: the
+    count SGLang would size `min(page_num, 64)` pages from is the bound, and `page_num` is restored.
+    """
+    import inspect
+
+    from sglang.srt.mem_cache.pool_host import mla
     from sglang.srt.runtime_context import create_context, use_context
+    from sglang_pools import mla_pools
 
-    class Pool:
-        page_size = 64
-        page_num = 1000
+    _, host = mla_pools("page_first", page_size=64, tokens=64 * 64)
+    real = inspect.unwrap(mla.MLATokenToKVPoolHost._init_write_back_staging_buffers)
+    page_num = host.page_num
+    assert page_num > 16
+    seen: list[int] = []
 
-    seen: list = []
-    pool = Pool()
+    def sglang_method(pool) -> None:
+        seen.append(pool.page_num)
+        real(pool)
+
     with use_context(create_context(resolve(**LIFEBOAT), role="scheduler")):
-        sglang_plugin._bound_mla_staging(lambda p: seen.append(min(p.page_num, 64)), pool)
-    assert seen == [16] and pool.page_num == 1000  # restored
-    small = Pool()
-    small.page_num = 3
-    with use_context(create_context(resolve(**LIFEBOAT), role="scheduler")):
-        sglang_plugin._bound_mla_staging(lambda p: seen.append(p.page_num), small)
-    assert seen[-1] == 3
+        bound = sglang_plugin.staging_bound_pages(host.page_size)
+        sglang_plugin._bound_mla_staging(sglang_method, host)
+        if plugins["loaded_by_us"]:
+            assert hasattr(mla.MLATokenToKVPoolHost._init_write_back_staging_buffers, "__wrapped__")
+            host._init_write_back_staging_buffers()  # the installed hook around SGLang's method
+    assert bound == cuda.DEFAULT_STAGING_TOKENS // 64 and seen == [bound]
+    assert host.page_num == page_num  # restored
+    assert host.staging_buffer is None and host.staging_page_capacity == 0  # SGLang's CPU path
+    with use_context(create_context(resolve(enable_hierarchical_cache=True), role="scheduler")):
+        sglang_plugin._bound_mla_staging(sglang_method, host)
+    assert seen[-1] == page_num  # not a LifeboatCache launch: untouched
 
 
 # ---------------------------------------------------------------------------------------------
@@ -592,19 +614,16 @@ def test_mlx_launch_keeps_a_named_radix_backend(monkeypatch) -> None:
 
 
 def test_mlx_radix_backend_registration(monkeypatch, caplog) -> None:
-    import types
+    """Registration with our real MLX shim; then with the shim's import blocked (`sys.modules[name] =
+    None` is Python's own way to make an import fail) to show a missing shim only logs."""
+    import importlib
 
     from sglang.srt.mem_cache import registry
 
+    pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'mlx[cpu]')")
     monkeypatch.setattr(registry, "_RADIX_CACHE_REGISTRY", {})
     monkeypatch.setenv("SGLANG_USE_MLX", "1")
-
-    def factory(ctx):
-        return None
-
-    shim = types.ModuleType(sglang_plugin.MLX_MODULE)
-    shim.create_lifeboat_radix_cache = factory
-    monkeypatch.setitem(sys.modules, sglang_plugin.MLX_MODULE, shim)
+    factory = getattr(importlib.import_module(sglang_plugin.MLX_MODULE), sglang_plugin.MLX_FACTORY)
 
     monkeypatch.delenv(cuda.ENV_ENABLE, raising=False)
     sglang_plugin._register_mlx_radix_backend()  # LIFEBOAT_CACHE unset: registered all the same

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,33 +21,15 @@ from lifeboat_cache.keys import index_key, key_digest
 from lifeboat_cache.testing.faults import FaultyTier
 from lifeboat_cache.testing.memory import MemoryTier
 from lifeboat_cache.tiers.local import LocalTier
+from support import chunks
+from support.chunks import pages, wait_for
 
 NS = namespace_fingerprint(model="tiering-test", dtype="bfloat16", page_size=64)
 ENGINE = {"io_workers": 4, "failure_cooldown_s": 0.3, "failure_cooldown_max_s": 0.6}
 
 
-def pages(n: int, seed: int = 0, size: int = 16384) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [(rng.standard_normal(size // 2).astype(np.float32) * 0.05).astype(np.float16) for _ in range(n)]
-
-
-def keys(n: int, prefix: str = "k") -> list[str]:
-    return [f"{prefix}{i:05d}" for i in range(n)]
-
-
-def read_back(st: ChunkStore, ks: list[str], ps: list[np.ndarray], **kw: Any) -> list[bool]:
-    out = [np.empty_like(p) for p in ps]
-    ok = st.get_into(NS, ks, out, **kw)
-    return [bool(o and (a == b).all()) for o, a, b in zip(ok, out, ps)]
-
-
-def wait_for(cond, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
+keys = partial(chunks.keys, width=5)
+read_back = partial(chunks.read_back, ns=NS)
 
 
 def local_entry(path: Path, **kw: Any) -> dict[str, Any]:

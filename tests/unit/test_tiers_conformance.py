@@ -20,6 +20,7 @@ from lifeboat_cache.testing.tiers import Rec, TierTests
 from lifeboat_cache.tiers.base import Ref, Tier
 from lifeboat_cache.tiers.local import LocalTier
 from lifeboat_cache.tiers.shared_fs import SharedFsTier
+from support.chunks import flip_byte
 
 SEGMENT_BYTES = 256 << 10
 
@@ -37,11 +38,7 @@ class SegmentRaw:
             return f.read(ref.length)
 
     def raw_corrupt(self, tier: Tier, ref: Ref, at: int) -> None:
-        with open(self._path(tier, ref), "r+b") as f:
-            f.seek(ref.loc.offset + at)
-            b = f.read(1)
-            f.seek(ref.loc.offset + at)
-            f.write(bytes([b[0] ^ 0xFF]))
+        flip_byte(self._path(tier, ref), ref.loc.offset + at)
 
     def raw_truncate(self, tier: Tier, ref: Ref) -> None:
         os.truncate(self._path(tier, ref), ref.loc.offset + ref.length // 2)
@@ -92,7 +89,7 @@ class TestMemoryTier(TierTests):
         return bytes(tier.units[ref.loc.unit][ref.loc.offset: ref.loc.offset + ref.length])  # type: ignore[attr-defined]
 
     def raw_corrupt(self, tier: Tier, ref: Ref, at: int) -> None:
-        tier.units[ref.loc.unit][ref.loc.offset + at] ^= 0xFF  # type: ignore[attr-defined]
+        flip_byte(tier.units[ref.loc.unit], ref.loc.offset + at)  # type: ignore[attr-defined]
 
     def raw_truncate(self, tier: Tier, ref: Ref) -> None:
         del tier.units[ref.loc.unit][ref.loc.offset + ref.length // 2:]  # type: ignore[attr-defined]
