@@ -299,3 +299,16 @@ def check_record(header: Header, payload: memoryview | Sequence[memoryview], dig
         raise RecordError("truncated", "payload shorter than the header says")
     if payload_crc(parts) != header.payload_crc:  # type: ignore[arg-type]
         raise RecordError("checksum", "payload checksum mismatch")
+
+
+def verify_record(header: bytes | memoryview, payload: memoryview | Sequence[memoryview], *,
+                  digest: bytes | None = None, namespace: bytes | None = None) -> Header:
+    """The one record check (reads, recovery scans, `verify`): header, identity when given, payload.
+
+    Returns the parsed header; raises RecordError naming the failing part. A scan passes no
+    digest/namespace (it learns them from the record); a read passes the ones it asked for.
+    """
+    h = unpack_header(header)
+    check_record(h, payload, h.digest if digest is None else digest,
+                 h.namespace if namespace is None else namespace)
+    return h

@@ -110,13 +110,20 @@ class ChunkStore:
         return Cooldown(f"{tier.name} ({what})", base, top)
 
     @classmethod
-    def open(cls, settings: Settings | None = None, *, background: bool = True) -> "ChunkStore":
-        """Open every configured tier; the index rebuild runs in the background unless told not to."""
+    def open(cls, settings: Settings | None = None, *, background: bool = True, read_only: bool = False,
+             evict: bool = True) -> "ChunkStore":
+        """Open every configured tier; the index rebuild runs in the background unless told not to.
+
+        `read_only`: create, change and delete no file (no eviction, no quarantine writes, no missing
+        directory created): for `lifeboat stats` / `verify`. `evict=False`: files may change (quarantine)
+        but nothing is evicted (`verify --fix`). Only `gc` and serving processes evict.
+        """
         settings = settings or load_settings()
         tiers: list[Tier] = []
         try:
             for ts in settings.storage:
-                tiers.append(open_tier(ts, background=background, io_workers=settings.engine.io_workers))
+                tiers.append(open_tier(ts, background=background, io_workers=settings.engine.io_workers,
+                                       read_only=read_only, evict=evict))
         except BaseException:
             for t in tiers:
                 t.close()
@@ -351,7 +358,11 @@ class ChunkStore:
         }
 
     def verify(self, fix: bool = False, progress: Callable[[int, int], None] | None = None) -> list[str]:
-        """Read every record, check header, identity and checksum. With fix, quarantine bad ones."""
+        """Check both ways, like diskcache's `check`: every indexed record is intact (index -> file),
+        and every intact record on disk is indexed (file -> index, tiers with `audit`).
+
+        With fix, bad records are quarantined and intact ones missing from the index are indexed.
+        """
         problems: list[str] = []
         for tier in self.tiers:
             recs = list(tier.records())
@@ -361,12 +372,11 @@ class ChunkStore:
                     ok = tier.read_into(ref, [memoryview(rec)])
                     if not ok:
                         raise RecordError("truncated", "record shorter than indexed")
-                    h = codec.unpack_header(rec)
+                    h = codec.verify_record(rec, memoryview(rec)[HEADER_SIZE:])
                     if int.from_bytes(h.digest[:8], "little", signed=True) != ikey:
                         raise RecordError("foreign", "index key does not match the header's digest")
                     if h.record_len != ref.length:
                         raise RecordError("truncated", "length differs from the index")
-                    codec.check_record(h, memoryview(rec)[HEADER_SIZE:], h.digest, h.namespace)
                 except (RecordError, OSError) as e:
                     where = getattr(tier, "loc_name", lambda r: repr(r))(ref)
                     problems.append(f"{tier.name}: {where}: {e}")
@@ -374,6 +384,9 @@ class ChunkStore:
                         tier.forget(ikey, ref, getattr(e, "reason", "verify"))
                 if progress is not None:
                     progress(n, len(recs))
+            audit = getattr(tier, "audit", None)
+            if audit is not None:
+                problems.extend(audit(fix))
         return problems
 
     def gc(self) -> int:
