@@ -1,0 +1,108 @@
+"""Child process of the fault suite: writes or checks pages through the public ChunkStore API.
+
+    python child.py write CONFIG THREADS PAGES HOLD [close]   # prints "A <key>" per acknowledged page
+    python child.py check CONFIG KEYS_FILE                      # prints one JSON line of counts
+
+`HOLD` >= 0 holds back that (global) record write forever, as a writer thread stalled between
+reserving its offset and writing it would: later records of the same segment are written and
+acknowledged around the hole. The check reads every key of KEYS_FILE ("key acked" lines) and
+compares each served page byte for byte with the page the writer derives from the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+
+import numpy as np
+
+from lifeboat_cache import ChunkStore, namespace_fingerprint
+from lifeboat_cache.config import load_settings
+
+NS = namespace_fingerprint(model="fault-suite")
+PAGE_ELEMS = 8192  # 16 KiB u16 pages
+
+
+def page(key: str) -> np.ndarray:
+    """The page of a key: seeded, half of them compressible (zero runs) so both codecs are exercised."""
+    seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    rng = np.random.default_rng(seed)
+    p = rng.integers(0, 2**16, PAGE_ELEMS, dtype=np.uint16)
+    if seed % 2:
+        p[rng.integers(0, PAGE_ELEMS // 2):] = 0
+    return p
+
+
+def write(config: str, threads: int, pages: int, hold: int, close: bool) -> None:
+    if hold >= 0:
+        import lifeboat_cache.tiers.segment as seg
+
+        real, lock, calls = seg.pwritev_all, threading.Lock(), [0]
+
+        def held(fd, bufs, offset):  # type: ignore[no-untyped-def]
+            with lock:
+                calls[0] += 1
+                mine = calls[0] == hold
+            if mine:
+                threading.Event().wait()  # never returns: the process is killed with this write pending
+            return real(fd, bufs, offset)
+
+        seg.pwritev_all = held
+    st = ChunkStore.open(load_settings(config))
+    out = threading.Lock()
+
+    def run(t: int) -> None:
+        keys = [f"t{t}-{i}" for i in range(pages)]
+        for i in range(0, pages, 4):
+            batch = keys[i:i + 4]
+            ok = st.put(NS, batch, [page(k) for k in batch])
+            with out:
+                for k, good in zip(batch, ok):
+                    if good:
+                        sys.stdout.write(f"A {k}\n")
+                sys.stdout.flush()
+
+    ts = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=None if hold < 0 else 60)
+    if close:
+        st.close()
+    sys.stdout.write("DONE\n")
+    sys.stdout.flush()
+    if hold >= 0:
+        threading.Event().wait()  # wait for the SIGKILL
+
+
+def check(config: str, keys_file: str) -> None:
+    rows = [line.split() for line in open(keys_file) if line.strip()]
+    st = ChunkStore.open(load_settings(config), background=False)
+    checked = served = wrong = lost = 0
+    try:
+        for i in range(0, len(rows), 64):
+            chunk = rows[i:i + 64]
+            keys = [r[0] for r in chunk]
+            bufs = [np.empty(PAGE_ELEMS, np.uint16) for _ in keys]
+            ok = st.get_into(NS, keys, bufs)
+            for (k, acked), good, b in zip(chunk, ok, bufs):
+                checked += 1
+                if good:
+                    served += 1
+                    wrong += int(not np.array_equal(b, page(k)))
+                elif acked == "1":
+                    lost += 1
+                    sys.stderr.write(f"lost {k}\n")
+    finally:
+        st.close()
+    print(json.dumps({"checked": checked, "served": served, "wrong": wrong, "lost": lost}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "write":
+        write(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
+              len(sys.argv) > 6 and sys.argv[6] == "close")
+    else:
+        check(sys.argv[2], sys.argv[3])
