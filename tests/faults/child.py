@@ -81,6 +81,7 @@ def check(config: str, keys_file: str) -> None:
     rows = [line.split() for line in open(keys_file) if line.strip()]
     st = ChunkStore.open(load_settings(config), background=False)
     checked = served = wrong = lost = 0
+    lost_keys: list[str] = []
     try:
         for i in range(0, len(rows), 64):
             chunk = rows[i:i + 64]
@@ -94,10 +95,10 @@ def check(config: str, keys_file: str) -> None:
                     wrong += int(not np.array_equal(b, page(k)))
                 elif acked == "1":
                     lost += 1
-                    sys.stderr.write(f"lost {k}\n")
+                    lost_keys.append(k)
     finally:
         st.close()
-    print(json.dumps({"checked": checked, "served": served, "wrong": wrong, "lost": lost}))
+    print(json.dumps({"checked": checked, "served": served, "wrong": wrong, "lost": lost, "lost_keys": lost_keys}))
 
 
 if __name__ == "__main__":
