@@ -102,7 +102,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    with _open(args, evict=False) as store:  # evict here, not while opening, so "freed" is the truth
         freed = store.gc()
         usage = sum(t.usage_bytes() for t in store.tiers)
     print(f"gc: freed {_fmt_bytes(freed)}; now using {_fmt_bytes(usage)}")

@@ -8,6 +8,7 @@ regular files only) so nothing planted in a store directory can redirect a write
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import secrets
@@ -231,6 +232,29 @@ def make_dirs(path: Path, mode: int = DEFAULT_DIR_MODE) -> None:
         except FileExistsError:
             continue
         os.chmod(d, mode)
+
+
+_FALLOC_FL_KEEP_SIZE = 1
+_libc_fallocate = getattr(ctypes.CDLL(None, use_errno=True), "fallocate", None) if os.name == "posix" else None
+if _libc_fallocate is not None:
+    _libc_fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    _libc_fallocate.restype = ctypes.c_int
+
+
+def reserve_space(fd: int, offset: int, length: int) -> None:
+    """Allocate disk blocks for [offset, offset+length) without changing the file size.
+
+    A record write then cannot fail half-way with ENOSPC, and the room its segment's trailer needs
+    is held before the record is acknowledged, so a full disk never leaves a segment unsealable.
+    A file system without fallocate (some NFS servers) is simply not reserved on. Raises OSError.
+    """
+    if _libc_fallocate is None or length <= 0:
+        return
+    if _libc_fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+        err = ctypes.get_errno()
+        if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV):
+            return
+        raise OSError(err, os.strerror(err))
 
 
 def pwritev_all(fd: int, bufs: Sequence[object], offset: int) -> None:

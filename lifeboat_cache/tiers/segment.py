@@ -34,7 +34,7 @@ from . import snapshot as snap
 from .segfile import (  # noqa: F401  (re-exported: s3.py and tests import the format from here)
     DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, FOOTER_SIZE, SEGMENT_SUFFIX, TABLE_ENTRY, TABLE_MAGIC, Entry,
     ForeignFile, build_trailer, make_dirs, open_file, parse_footer, parse_name, parse_trailer, process_token,
-    pwritev_all, read_table, trailer_size, write_trailer, writer_tag)
+    pwritev_all, read_table, reserve_space, trailer_size, write_trailer, writer_tag)
 from .snapshot import SNAPSHOT_NAME  # noqa: F401
 from .quarantine import QUARANTINE_NAME  # noqa: F401
 
@@ -70,6 +70,7 @@ class _Writer:
     created: float
     reserved: int = 0
     inflight: int = 0
+    count: int = 0  # records reserved (written or not)
     sealing: bool = False
     entries: list[Entry] = field(default_factory=list)
 
@@ -121,6 +122,7 @@ class SegmentDir:
         self._stripe = threading.local()
         self._stripe_next = 0
         self._sealing: list[_Writer] = []  # waiting for in-flight writes before their trailer
+        self._unsealed: list[tuple[_Unit, list[Entry], int]] = []  # trailer write failed (full disk): retried
         self._seq = 0
         self._tag = _writer_tag()  # module-level name: tests pretend to be another host
         self._token = process_token()
@@ -266,7 +268,7 @@ class SegmentDir:
             if initial:
                 self._adopt_if_orphan(unit)
             self._scan(unit)
-        self.gc()
+        self._auto_gc()
 
     def _add_unit(self, name: str, own: bool = False) -> _Unit:
         uid = self._next_unit
@@ -428,9 +430,13 @@ class SegmentDir:
             rolled = w.reserved == 0
             off = w.reserved
             w.reserved += length
+            w.count += 1
+            # the blocks of this record and of a trailer listing every record so far
+            room = length + trailer_size(w.count)
             w.unit.size = w.reserved
             w.inflight += 1
         try:
+            reserve_space(w.fd, off, room)
             pwritev_all(w.fd, bufs, off)
         except OSError:
             with self._lock:
@@ -447,7 +453,7 @@ class SegmentDir:
         loc = Loc(w.unit.id, off, length)
         self.index.insert(ikey, loc)
         if rolled:  # a segment was opened for this one: enforce the capacity bound now
-            self.gc()
+            self._auto_gc()
         return loc
 
     def _my_stripe(self) -> int:
@@ -498,7 +504,7 @@ class SegmentDir:
                 os.unlink(unit.path)
                 self._drop(unit)
                 return
-            if end != w.reserved:
+            if os.fstat(w.fd).st_size > end:  # a failed write's partial bytes (same size: keep the reserved blocks)
                 os.ftruncate(w.fd, end)
             size = self._write_trailer(w.fd, end, entries)
             if self.fsync:
@@ -507,14 +513,15 @@ class SegmentDir:
             self.counters["sealed_segments"] += 1
         except OSError as e:
             self.counters["seal_failures"] += 1
-            self._log_once(f"seal:{e.errno}", "lifeboat: sealing %s failed (%s); its records stay indexed and the "
-                                              "next open walks it", unit.path, e)
+            self._log_once(f"seal:{e.errno}", "lifeboat: sealing %s failed (%s); its records stay indexed, the "
+                                              "seal is retried (and the next open walks it)", unit.path, e)
             try:
                 os.ftruncate(w.fd, end)  # drop a partial trailer; the records stay
                 unit.size = end
             except OSError:
                 unit.size = w.reserved
             unit.scanned, unit.walked = 0, -1
+            self._unsealed.append((unit, entries, end))
         finally:
             unit.sealed = True  # no more writes: evictable
             unit.own = False
@@ -523,6 +530,31 @@ class SegmentDir:
 
     def _write_trailer(self, fd: int, at: int, entries: Sequence[Entry]) -> int:
         return write_trailer(fd, at, entries)
+
+    def _retry_seals(self) -> None:
+        """Write the trailers that failed earlier (the disk may have room again)."""
+        with self._lock:
+            todo, self._unsealed = self._unsealed, []
+            for unit, entries, end in todo:
+                if unit.dropped:
+                    continue
+                try:
+                    fd = open_file(unit.path, os.O_RDWR)
+                except OSError:
+                    continue  # evicted or replaced meanwhile
+                try:
+                    os.ftruncate(fd, end)
+                    size = self._write_trailer(fd, end, entries)
+                    unit.size = unit.scanned = unit.walked = size
+                    self.counters["sealed_segments"] += 1
+                except OSError:
+                    try:
+                        os.ftruncate(fd, end)
+                    except OSError:
+                        pass
+                    self._unsealed.append((unit, entries, end))
+                finally:
+                    os.close(fd)
 
     def seal(self) -> None:
         """Seal the open segments now (flush / close / shared-FS visibility)."""
@@ -533,6 +565,8 @@ class SegmentDir:
                     self._start_seal(w)
 
     def _maybe_time_seal(self) -> None:
+        if self._unsealed:
+            self._retry_seals()
         if self.seal_after_s is None:
             return
         with self._lock:
@@ -586,13 +620,18 @@ class SegmentDir:
         own = {w.unit.id: max(self.segment_bytes, w.reserved) for w in self._writers if w is not None}
         return sum(own.get(u.id, u.size) for u in self._units.values())
 
+    def _auto_gc(self) -> None:
+        """The capacity bound a serving process keeps; a maintenance open (evict=False) skips it."""
+        if self.evict:
+            self.gc()
+
     def gc(self, target_bytes: int | None = None) -> int:
         """Evict whole oldest sealed segments until the bytes on disk, open segments counted full, fit.
 
-        Seals idle open segments early when only they are left to evict. Returns bytes freed;
-        never evicts in a read-only or maintenance open (only gc and serving processes do).
+        Seals idle open segments early when only they are left to evict. Returns bytes freed
+        (0 when open read-only). Called explicitly by `lifeboat gc`, and by serving processes.
         """
-        if not self.evict:
+        if self.read_only:
             return 0
         limit = self.capacity_bytes if target_bytes is None else target_bytes
         freed = 0
@@ -839,6 +878,8 @@ class SegmentDir:
         self.seal()
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=5)
+        if self._unsealed:
+            self._retry_seals()
         self.save_snapshot()
         with self._lock:
             for w in [*self._writers, *self._sealing]:  # a write still in flight: never leave its fd open

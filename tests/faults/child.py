@@ -2,6 +2,7 @@
 
     python child.py write CONFIG THREADS PAGES HOLD [close]   # prints "A <key>" per acknowledged page
     python child.py check CONFIG KEYS_FILE                      # prints one JSON line of counts
+    python child.py fill CONFIG THREADS PAGES                   # write until the disk is full, close, audit
 
 `HOLD` >= 0 holds back that (global) record write forever, as a writer thread stalled between
 reserving its offset and writing it would: later records of the same segment are written and
@@ -15,6 +16,7 @@ import hashlib
 import json
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -101,8 +103,65 @@ def check(config: str, keys_file: str) -> None:
     print(json.dumps({"checked": checked, "served": served, "wrong": wrong, "lost": lost, "lost_keys": lost_keys}))
 
 
+def fill(config: str, threads: int, pages: int) -> None:
+    """Concurrent writers on a small file system until writes fail; then close() and report what is
+    left open (fds under the store) and which segments are not sealed on disk."""
+    import os
+
+    from lifeboat_cache.tiers.segfile import read_table
+
+    settings = load_settings(config)
+    root = os.path.realpath(settings.storage[0].paths[0])
+    st = ChunkStore.open(settings)
+    out = threading.Lock()
+    failed = [0]
+
+    def run(t: int) -> None:
+        keys = [f"t{t}-{i}" for i in range(pages)]
+        for i in range(0, pages, 4):
+            batch = keys[i:i + 4]
+            ok = st.put(NS, batch, [page(k) for k in batch])
+            with out:
+                failed[0] += ok.count(False)
+                for k, good in zip(batch, ok):
+                    if good:
+                        sys.stdout.write(f"A {k}\n")
+                sys.stdout.flush()
+            if not all(ok):
+                time.sleep(0.05)  # let the write cooldown pass now and then, so writes keep failing
+
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    stats = st.stats()
+    st.close()
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(root + os.sep):
+            fds.append(target)
+    unsealed = []
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".seg"):
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                if read_table(fd, os.fstat(fd).st_size) is None:
+                    unsealed.append(name)
+            finally:
+                os.close(fd)
+    print(json.dumps({"open_fds": fds, "unsealed": unsealed, "failed_writes": failed[0],
+                      "write_errors": stats["counters"].get("write_errors", 0)}))
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "write":
+    if sys.argv[1] == "fill":
+        fill(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == "write":
         write(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
               len(sys.argv) > 6 and sys.argv[6] == "close")
     else:
