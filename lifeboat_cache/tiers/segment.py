@@ -45,6 +45,7 @@ AUTO_CAPACITY_MAX_BYTES = 64 << 30
 ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long, is sealed by the next open
 OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
+DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
 
 
 @dataclass
@@ -60,7 +61,8 @@ class _Unit:
     fd: int | None = None
     readers: int = 0
     dropped: bool = False
-    damaged: list[tuple[int, int]] = field(default_factory=list)  # skipped regions, for verify
+    damaged: list[tuple[int, int]] = field(default_factory=list)  # skipped regions (counted once)
+    damage_seen: dict[int, float] = field(default_factory=dict)  # damaged offset -> first seen (monotonic)
 
 
 @dataclass
@@ -333,7 +335,12 @@ class SegmentDir:
                 return
             w = recovery.walk(fd, unit.scanned, size)
             self._index_walk(unit, w)
-            unit.scanned, unit.walked = w.resume_at, size
+            # damage may be a write still in flight: walk it again while young, then walk past it
+            now = time.monotonic()
+            young = False
+            for off, _ in w.damaged:
+                young |= now - unit.damage_seen.setdefault(off, now) < DAMAGE_HEAL_S
+            unit.scanned, unit.walked = (w.resume_at if young else w.end), size
         except OSError as e:
             self._log_once(f"scan:{unit.name}", "lifeboat: scan of %s failed: %s", unit.path, e)
         finally:
