@@ -301,14 +301,15 @@ def check_record(header: Header, payload: memoryview | Sequence[memoryview], dig
         raise RecordError("checksum", "payload checksum mismatch")
 
 
-def verify_record(header: bytes | memoryview, payload: memoryview | Sequence[memoryview], *,
+def verify_record(header: bytes | memoryview | Header, payload: memoryview | Sequence[memoryview], *,
                   digest: bytes | None = None, namespace: bytes | None = None) -> Header:
     """The one record check (reads, recovery scans, `verify`): header, identity when given, payload.
 
+    `header` is the record's header bytes (or a Header the caller already parsed from them).
     Returns the parsed header; raises RecordError naming the failing part. A scan passes no
     digest/namespace (it learns them from the record); a read passes the ones it asked for.
     """
-    h = unpack_header(header)
+    h = header if isinstance(header, Header) else unpack_header(header)
     check_record(h, payload, h.digest if digest is None else digest,
                  h.namespace if namespace is None else namespace)
     return h

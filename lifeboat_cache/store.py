@@ -305,7 +305,7 @@ class ChunkStore:
             payload = bufs[1:] if direct else bufs[0][HEADER_SIZE:]
             if h.raw_len != n:
                 raise RecordError("size", f"stored page is {h.raw_len} bytes, buffer is {n}")
-            codec.check_record(h, payload, digest, ns)
+            codec.verify_record(h, payload, digest=digest, namespace=ns)
             if not direct:
                 plane_size = codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]]
                 codec.decode_into(h.codec, payload, dst, plane_size)

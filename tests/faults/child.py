@@ -70,7 +70,7 @@ def write(config: str, threads: int, pages: int, hold: int, close: bool) -> None
     for t in ts:
         t.start()
     for t in ts:
-        t.join(timeout=None if hold < 0 else 60)
+        t.join(timeout=None if hold < 0 else 2)  # the thread holding the write never ends
     if close:
         st.close()
     sys.stdout.write("DONE\n")
@@ -98,9 +98,11 @@ def check(config: str, keys_file: str) -> None:
                 elif acked == "1":
                     lost += 1
                     lost_keys.append(k)
+        tiers = st.stats()["tiers"]
     finally:
         st.close()
-    print(json.dumps({"checked": checked, "served": served, "wrong": wrong, "lost": lost, "lost_keys": lost_keys}))
+    damaged = sum(t.get("scan_torn", 0) for t in tiers)
+    print(json.dumps({"damaged_regions": damaged, "checked": checked, "served": served, "wrong": wrong, "lost": lost, "lost_keys": lost_keys}))
 
 
 def fill(config: str, threads: int, pages: int) -> None:
