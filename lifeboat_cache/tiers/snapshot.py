@@ -22,7 +22,7 @@ from .segfile import DEFAULT_FILE_MODE, parse_name, read_small_file, write_new_f
 
 SNAPSHOT_NAME = "index.snapshot.npz"
 SNAPSHOT_VERSION = 1
-MAX_SNAPSHOT_BYTES = 4 << 30
+MAX_SNAPSHOT_BYTES = 1 << 30  # ~24 B per page: room for tens of millions of pages
 MAX_UNIT_ID = (1 << 32) - 2  # 2^32-1 is the index's dead-entry sentinel
 _ARRAYS = {"keys": np.dtype("<i8"), "units": np.dtype("<u4"), "offsets": np.dtype("<u8"),
            "lengths": np.dtype("<u4"), "meta": np.dtype("u1")}
