@@ -28,6 +28,7 @@ import numpy as np
 
 from ..codec import raw_length
 from ..index import Index, Loc
+from . import inspection
 from . import quarantine as qlist
 from . import recovery
 from . import snapshot as snap
@@ -672,81 +673,12 @@ class SegmentDir:
             self.counters["evicted_bytes"] += victim.size
 
     def describe(self) -> list[dict[str, int | str | bool]]:
-        """Per segment: records, stored and raw bytes (from trailers, or record headers when unsealed)."""
-        out = []
-        for name, size, sealed in self.units():
-            with self._lock:
-                unit = self._units.get(self._by_name.get(name, -1))
-            if unit is None:
-                continue
-            recs = stored = raw = 0
-            try:
-                fd = self._acquire(unit)
-            except OSError:
-                continue
-            try:
-                fsize = os.fstat(fd).st_size
-                table = read_table(fd, fsize)
-                if table is not None:
-                    recs, stored, raw = len(table), int(table["length"].sum()), int(table["raw_length"].sum())
-                else:
-                    w = recovery.walk(fd, 0, fsize, check_payload=False)
-                    recs = len(w.entries)
-                    stored, raw = sum(e[2] for e in w.entries), sum(e[3] for e in w.entries)
-            except OSError as e:
-                self._log_once(f"describe:{name}", "lifeboat: cannot describe %s: %s", unit.path, e)
-            finally:
-                self._release(unit)
-            out.append({"segment": name, "bytes": size, "sealed": sealed, "records": recs,
-                        "stored_bytes": stored, "raw_bytes": raw})
-        return out
+        """Per segment: records, stored and raw bytes (see inspection.describe)."""
+        return inspection.describe(self)
 
-    # ------------------------------------------------------------------ verify (file -> index)
     def audit(self, fix: bool = False) -> list[str]:
-        """The file -> index half of verify: intact records missing from the index, damaged regions.
-
-        With fix, missing records are indexed again and damaged regions are quarantined (so they
-        are reported once).
-        """
-        problems: list[str] = []
-        with self._lock:
-            units = [u for u in self._units.values() if not u.own]
-        for unit in sorted(units, key=lambda u: u.name):
-            try:
-                fd = self._acquire(unit)
-            except OSError:
-                continue
-            try:
-                size = os.fstat(fd).st_size
-                table = read_table(fd, size)
-                if table is not None:
-                    entries = [(int(k), int(o), int(n)) for k, o, n in
-                               zip(table["key"].tolist(), table["offset"].tolist(), table["length"].tolist())]
-                    damaged: list[tuple[int, int]] = []
-                else:
-                    w = recovery.walk(fd, 0, size)
-                    entries = [(_ikey(e[0]), e[1], e[2]) for e in w.entries]
-                    damaged = w.damaged
-            except OSError as e:
-                problems.append(f"{unit.name}: cannot read ({e})")
-                continue
-            finally:
-                self._release(unit)
-            missing = [(k, o, n) for k, o, n in entries
-                       if (unit.name, o) not in self._quarantine and self.index.get(k) is None]
-            for k, o, n in missing:
-                problems.append(f"{unit.name}@{o}: intact record missing from the index")
-            if fix and missing:
-                self._index_entries(unit, np.array([m[0] for m in missing], np.int64),
-                                    np.array([m[1] for m in missing], np.uint64),
-                                    np.array([m[2] for m in missing], np.uint32))
-            for off, n in damaged:
-                if (unit.name, off) in self._quarantine:
-                    continue
-                problems.append(f"{unit.name}@{off}: {n} bytes unreadable (torn or corrupt record) skipped")
-                if fix:
-                    self._record_quarantine(unit.name, off, n, "damaged")
-        return problems
+        """The file -> index half of verify (see inspection.audit)."""
+        return inspection.audit(self, fix)
 
     # ------------------------------------------------------------------ quarantine
     def _load_quarantine(self) -> None:
