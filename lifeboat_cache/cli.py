@@ -23,9 +23,9 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def _open(args: argparse.Namespace) -> ChunkStore:
+def _open(args: argparse.Namespace, *, read_only: bool = False, evict: bool = True) -> ChunkStore:
     settings = load_settings(args.config)
-    return ChunkStore.open(settings, background=False)
+    return ChunkStore.open(settings, background=False, read_only=read_only, evict=evict)
 
 
 def collect_stats(store: ChunkStore) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def collect_stats(store: ChunkStore) -> dict[str, Any]:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    with _open(args, read_only=True) as store:  # inspecting never evicts, writes or creates anything
         stats = collect_stats(store)
     stats.update(collect_activity(store.settings, _parse_age(args.since)))
     if args.json:
@@ -90,20 +90,21 @@ class _Progress:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    fix = args.fix and not args.no_quarantine
+    # without --fix nothing changes on disk; with it, bad records are quarantined but nothing is evicted
+    with _open(args, read_only=not fix, evict=False) as store:
         progress = None if args.quiet else _Progress("verify")
-        problems = store.verify(fix=not args.no_quarantine, progress=progress)
         total = sum(t.stats().get("pages", 0) for t in store.tiers)
+        problems = store.verify(fix=fix, progress=progress)
     for p in problems:
         print(f"BAD {p}")
-    action = "reported" if args.no_quarantine else "quarantined"
-    print(f"verified {total + (0 if args.no_quarantine else len(problems))} records: {len(problems)} bad"
-          + (f" ({action})" if problems else ""))
+    action = "fixed: quarantined or re-indexed" if fix else "reported; run with --fix to quarantine"
+    print(f"verified {total} records: {len(problems)} bad" + (f" ({action})" if problems else ""))
     return 1 if problems else 0
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    with _open(args, evict=False) as store:  # evict here, not while opening, so "freed" is the truth
         freed = store.gc()
         usage = sum(t.usage_bytes() for t in store.tiers)
     print(f"gc: freed {_fmt_bytes(freed)}; now using {_fmt_bytes(usage)}")
@@ -255,7 +256,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lifeboat", description="Inspect and maintain a LifeboatCache store.")
     sub = p.add_subparsers(dest="command", required=True)
     for name, fn, help_ in (("stats", cmd_stats, "pages, bytes stored vs raw, compression, segments, capacity"),
-                            ("verify", cmd_verify, "read every record, check checksums, quarantine bad ones"),
+                            ("verify", cmd_verify, "check every record both ways (index <-> files); --fix quarantines"),
                             ("gc", cmd_gc, "enforce the capacity bound now")):
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("--config", help="path to lifeboat.yaml (default: LIFEBOAT_CONFIG, ./lifeboat.yaml, "
@@ -266,7 +267,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
             sp.add_argument("--since", default="24h", help="sum serving processes seen within this age "
                                                          "(e.g. 30m, 24h, 7d; default 24h)")
         if name == "verify":
-            sp.add_argument("--no-quarantine", action="store_true", help="only report bad records")
+            sp.add_argument("--fix", action="store_true",
+                            help="quarantine bad records and re-index intact ones missing from the index")
+            sp.add_argument("--no-quarantine", action="store_true", help="only report (the default; kept for scripts)")
             sp.add_argument("--quiet", action="store_true", help="no progress bar")
     add_ls_parser(sub)
     from .bench import add_parser as add_bench_parser  # light: the bench sections import lazily

@@ -375,3 +375,17 @@ def compressed_record(record: bytes | memoryview) -> bytes | memoryview:
     stored = sum(memoryview(p).nbytes for p in parts)  # type: ignore[arg-type]
     header = pack_header(Header(c, h.dtype, h.raw_len, stored, h.digest, h.namespace, payload_crc(parts)))
     return b"".join([header, *parts])  # type: ignore[list-item]
+
+
+def verify_record(header: bytes | memoryview | Header, payload: memoryview | Sequence[memoryview], *,
+                  digest: bytes | None = None, namespace: bytes | None = None) -> Header:
+    """The one record check (reads, recovery scans, `verify`): header, identity when given, payload.
+
+    `header` is the record's header bytes (or a Header the caller already parsed from them).
+    Returns the parsed header; raises RecordError naming the failing part. A scan passes no
+    digest/namespace (it learns them from the record); a read passes the ones it asked for.
+    """
+    h = header if isinstance(header, Header) else unpack_header(header)
+    check_record(h, payload, h.digest if digest is None else digest,
+                 h.namespace if namespace is None else namespace)
+    return h

@@ -72,6 +72,8 @@ class TierSettings:
     failure_cooldown_s: float | None = None  # None: engine default
     failure_cooldown_max_s: float | None = None
     compression: str | None = None  # None: engine.compression
+    file_mode: int = 0o600  # local / nfs: store files and directories are owner-only by default
+    dir_mode: int = 0o700
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,16 @@ def parse_size(value: Any, where: str) -> int:
     if n > MAX_SIZE_BYTES:
         raise ConfigError(f"{where}: {_show(value)} is larger than the 1 EiB limit; give a size such as 500GiB")
     return n
+
+
+def parse_mode(value: Any, where: str, top: int, need: int) -> int:
+    """A permission mode: an int (YAML 0640 / 0o640) or an octal string ("0640"); the owner's bits `need` kept."""
+    if isinstance(value, str) and re.fullmatch(r"\s*(0o?)?[0-7]{1,4}\s*", value):
+        value = int(value.strip().removeprefix("0o") or "0", 8)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top or value & need != need:
+        raise ConfigError(f"{where}: expected an octal mode such as \"{need | 0o040:04o}\" (owner bits {need:#o} "
+                          f"required, at most {top:#o}, no setuid/sticky bits), got {value!r}")
+    return value
 
 
 def _parse_int(value: Any, where: str, lo: int, hi: int) -> int:
@@ -214,8 +226,9 @@ def default_cache_dir() -> Path:
 
 _TIER_COMMON = {"type", "capacity", "failure_cooldown_s", "failure_cooldown_max_s", "compression"}
 _TIER_KEYS = {
-    "local": _TIER_COMMON | {"path", "paths", "segment_size", "affinity_chunks", "refresh_interval_s"},
-    "nfs": _TIER_COMMON | {"path", "segment_size", "refresh_interval_s", "seal_after_s"},
+    "local": _TIER_COMMON | {"path", "paths", "segment_size", "affinity_chunks", "refresh_interval_s",
+                             "file_mode", "dir_mode"},
+    "nfs": _TIER_COMMON | {"path", "segment_size", "refresh_interval_s", "seal_after_s", "file_mode", "dir_mode"},
     "s3": _TIER_COMMON | {"bucket", "prefix", "endpoint_url", "region", "connect_timeout_s",
                           "read_timeout_s", "max_attempts", "refresh_interval_s", "retry_mode",
                           "addressing_style", "verify", "ca_bundle", "profile", "access_key_id_env",
@@ -252,6 +265,9 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
             kw["seal_after_s"] = _parse_float(obj["seal_after_s"], f"{where}.seal_after_s", 0.1, 86400)
         elif kind == "nfs":
             kw["seal_after_s"] = 2.0
+        for k, top, need in (("file_mode", 0o666, 0o600), ("dir_mode", 0o777, 0o700)):
+            if k in obj:
+                kw[k] = parse_mode(obj[k], f"{where}.{k}", top, need)
     else:
         kw["bucket"] = _parse_str(obj.get("bucket"), f"{where}.bucket")
         if "prefix" in obj:

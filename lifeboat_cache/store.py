@@ -166,14 +166,21 @@ class ChunkStore:
         return Cooldown(f"{tier.name} ({what})", base, top)
 
     @classmethod
-    def open(cls, settings: Settings | None = None, *, background: bool = True) -> "ChunkStore":
-        """Open every configured tier; the index rebuild runs in the background unless told not to."""
+    def open(cls, settings: Settings | None = None, *, background: bool = True, read_only: bool = False,
+             evict: bool = True) -> "ChunkStore":
+        """Open every configured tier; the index rebuild runs in the background unless told not to.
+
+        `read_only`: create, change and delete no file (no eviction, no quarantine writes, no missing
+        directory created): for `lifeboat stats` / `verify`. `evict=False`: files may change (quarantine)
+        but nothing is evicted (`verify --fix`). Only `gc` and serving processes evict.
+        """
         settings = settings or load_settings()
         tiers: list[Tier] = []
         try:
             for ts in settings.storage:
                 tiers.append(open_tier(ts, background=background, io_workers=settings.engine.io_workers,
-                                       deadline_s=settings.engine.deadline_s))
+                                       deadline_s=settings.engine.deadline_s, read_only=read_only,
+                                       evict=evict))
         except BaseException:
             for t in tiers:
                 t.close()
@@ -467,7 +474,7 @@ class ChunkStore:
             payload = bufs[1:] if direct else bufs[0][HEADER_SIZE:]
             if h.raw_len != n:
                 raise RecordError("size", f"stored page is {h.raw_len} bytes, buffer is {n}")
-            codec.check_record(h, payload, digest, ns)
+            codec.verify_record(h, payload, digest=digest, namespace=ns)
             if not direct:
                 plane_size = codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]]
                 codec.decode_into(h.codec, payload, dst, plane_size)
@@ -626,7 +633,11 @@ class ChunkStore:
         }
 
     def verify(self, fix: bool = False, progress: Callable[[int, int], None] | None = None) -> list[str]:
-        """Read every record, check header, identity and checksum. With fix, quarantine bad ones."""
+        """Check both ways, like diskcache's `check`: every indexed record is intact (index -> file),
+        and every intact record on disk is indexed (file -> index, tiers with `audit`).
+
+        With fix, bad records are quarantined and intact ones missing from the index are indexed.
+        """
         problems: list[str] = []
         for tier in self.tiers:
             recs = list(tier.records())
@@ -636,12 +647,11 @@ class ChunkStore:
                     ok = tier.read_into(ref, [memoryview(rec)])
                     if not ok:
                         raise RecordError("truncated", "record shorter than indexed")
-                    h = codec.unpack_header(rec)
+                    h = codec.verify_record(rec, memoryview(rec)[HEADER_SIZE:])
                     if int.from_bytes(h.digest[:8], "little", signed=True) != ikey:
                         raise RecordError("foreign", "index key does not match the header's digest")
                     if h.record_len != ref.length:
                         raise RecordError("truncated", "length differs from the index")
-                    codec.check_record(h, memoryview(rec)[HEADER_SIZE:], h.digest, h.namespace)
                 except (RecordError, OSError) as e:
                     where = getattr(tier, "loc_name", lambda r: repr(r))(ref)
                     problems.append(f"{tier.name}: {where}: {e}")
@@ -650,6 +660,9 @@ class ChunkStore:
                         self.counters.add("quarantined")
                 if progress is not None:
                     progress(n, len(recs))
+            audit = getattr(tier, "audit", None)
+            if audit is not None:
+                problems.extend(audit(fix))
         return problems
 
     def gc(self) -> int:

@@ -8,18 +8,19 @@ from .local import LocalTier
 
 
 def open_tier(settings: TierSettings, *, background: bool = True, io_workers: int | None = None,
-              deadline_s: float | None = None) -> Tier:
+              deadline_s: float | None = None, read_only: bool = False, evict: bool = True) -> Tier:
     """Build and open the tier for one `storage[]` entry (imports optional backends lazily).
 
     `io_workers` sizes a network tier's connection pool (default: the engine default);
     `deadline_s` (engine.deadline_s) bounds a network tier's data-path request timeouts.
+    `read_only` / `evict=False`: see ChunkStore.open (file tiers honour them; S3 has no eviction).
     """
     if settings.type == "local":
-        return LocalTier(settings).open(background=background)
+        return LocalTier(settings, read_only=read_only, evict=evict).open(background=background)
     if settings.type == "nfs":
         from .shared_fs import SharedFsTier
 
-        return SharedFsTier(settings).open(background=background)
+        return SharedFsTier(settings, read_only=read_only, evict=evict).open(background=background)
     if settings.type == "s3":
         from .s3 import S3Tier
 

@@ -20,14 +20,16 @@ class LocalTier(Tier):
     fsync = False  # a killed process loses nothing the kernel already has; seal-time fsync is for NFS
     segment_dir_cls: type[SegmentDir] = SegmentDir  # shared_fs swaps in its NFS-aware subclass
 
-    def __init__(self, settings: TierSettings, name: str | None = None, stripes: int = 4) -> None:
+    def __init__(self, settings: TierSettings, name: str | None = None, stripes: int = 4, *,
+                 read_only: bool = False, evict: bool = True) -> None:
         self.settings = settings
         self.name = name or f"{self.kind}:{','.join(str(p) for p in settings.paths)}"
         per_dir = None if settings.capacity_bytes is None else settings.capacity_bytes // len(settings.paths)
         self.dirs = [
             self.segment_dir_cls(p, capacity_bytes=per_dir, segment_bytes=settings.segment_bytes,
                        refresh_interval_s=settings.refresh_interval_s, seal_after_s=settings.seal_after_s,
-                       fsync=self.fsync, name=f"{self.kind}{i}", stripes=stripes)
+                       fsync=self.fsync, name=f"{self.kind}{i}", stripes=stripes, read_only=read_only,
+                       evict=evict, file_mode=settings.file_mode, dir_mode=settings.dir_mode)
             for i, p in enumerate(settings.paths)
         ]
 
@@ -65,6 +67,10 @@ class LocalTier(Tier):
         for i, d in enumerate(self.dirs):
             for k, loc in d.records():
                 yield k, Ref(i, loc)
+
+    def audit(self, fix: bool = False) -> list[str]:
+        """File -> index check of every drive (the other half of `ChunkStore.verify`)."""
+        return [f"{self.name}: {p}" for d in self.dirs for p in d.audit(fix)]
 
     def wait_rebuilt(self, timeout: float | None = None) -> bool:
         return all(d.wait_rebuilt(timeout) for d in self.dirs)

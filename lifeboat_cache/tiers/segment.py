@@ -1,53 +1,52 @@
-"""Log-structured segment files in one directory, shared by any number of writer processes.
+"""A directory of log-structured segment files, shared by any number of writer processes.
 
-Each process appends records to its own segment file (`<ms>-<host>-<pid>-<n>.seg`: one writer per
-file, names sort by age), so nothing needs a cross-process or cross-host lock. A full segment is sealed
-by appending a trailer (a table of every record's digest, offset and length, then a checksummed
-footer), so a later scan reads one table instead of walking the records. Readers discover other
-writers' segments by listing the directory; an unsealed segment is walked record by record, checking
-each header and payload checksum, and the walk stops at the first incomplete record (the torn tail
-of a killed writer, or a record still being written).
+Each process appends records to its own segment files (`<ms>-<host>-<pid>-<token><n>.seg`: one
+writer per file, names sort by age), so nothing needs a cross-process or cross-host lock. A full
+segment is sealed with a trailer (segfile.py), so a later scan reads one table. Readers discover
+other writers' segments by listing the directory; an unsealed one is walked record by record by
+recovery.py, which skips holes and bad records and resynchronises on the next valid record. This
+module owns the files (writers, unit table, capacity, fds) and never parses a record itself.
 
 Invariants: write, then index; unit ids only grow; a scan never overwrites a newer index entry;
-eviction unlinks whole oldest sealed segments.
+eviction unlinks whole oldest sealed segments; no file with intact records after a damaged one is
+ever truncated; bytes on disk (open segments included) stay within the capacity plus a small slack.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
-import secrets
 import shutil
-import socket
-import struct
 import threading
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..codec import HEADER_SIZE, RecordError, payload_matches, raw_length, unpack_header
+from ..codec import raw_length
 from ..index import Index, Loc
+from . import inspection
+from . import quarantine as qlist
+from . import recovery
+from . import snapshot as snap
+from .segfile import (  # noqa: F401  (re-exported: s3.py and tests import the format from here)
+    DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, FOOTER_SIZE, SEGMENT_SUFFIX, TABLE_ENTRY, TABLE_MAGIC, Entry,
+    ForeignFile, build_trailer, make_dirs, open_file, parse_footer, parse_name, parse_trailer, process_token,
+    pwritev_all, read_table, reserve_space, trailer_size, write_trailer, writer_tag)
+from .snapshot import SNAPSHOT_NAME  # noqa: F401
+from .quarantine import QUARANTINE_NAME  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-SEGMENT_SUFFIX = ".seg"
-TABLE_MAGIC = b"LBTB"
-FOOTER_MAGIC = b"LBTR"
-FOOTER = struct.Struct("<4sIQI")  # magic, count, table offset, table crc; then footer crc (u32)
-FOOTER_SIZE = FOOTER.size + 4
-TABLE_ENTRY = np.dtype([("key", "<i8"), ("digest_tail", "S8"), ("offset", "<u8"), ("length", "<u4"),
-                        ("raw_length", "<u4")])
-SNAPSHOT_NAME = "index.snapshot.npz"
-SNAPSHOT_VERSION = 1
-QUARANTINE_NAME = "quarantine.jsonl"
+_writer_tag, _process_token, _parse_name, _pwritev_all = writer_tag, process_token, parse_name, pwritev_all
 AUTO_CAPACITY_MAX_BYTES = 64 << 30
 ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long, is sealed by the next open
+OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
+MIN_OPEN_SEGMENT_BYTES = 64 << 10
+DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
 
 
 @dataclass
@@ -56,12 +55,15 @@ class _Unit:
     name: str
     path: Path
     own: bool = False
-    scanned: int = 0  # bytes from the start known to hold complete, indexed records
+    scanned: int = 0  # bytes from the start known to hold only complete, indexed records
+    walked: int = -1  # file size at the last walk (a dead writer's file is not walked again)
     size: int = 0  # bytes on disk (own open segment: bytes reserved)
     sealed: bool = False
     fd: int | None = None
     readers: int = 0
     dropped: bool = False
+    damaged: list[tuple[int, int]] = field(default_factory=list)  # skipped regions (counted once)
+    damage_seen: dict[int, float] = field(default_factory=dict)  # damaged offset -> first seen (monotonic)
 
 
 @dataclass
@@ -71,112 +73,21 @@ class _Writer:
     created: float
     reserved: int = 0
     inflight: int = 0
+    count: int = 0  # records reserved (written or not)
     sealing: bool = False
-    entries: list[tuple[bytes, int, int, int]] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
 
 
-def trailer_size(count: int) -> int:
-    """Bytes of the trailer (table + footer) of a unit holding `count` records."""
-    return 4 + count * TABLE_ENTRY.itemsize + FOOTER_SIZE
-
-
-def build_trailer(at: int, entries: Sequence[tuple[bytes, int, int, int]]) -> bytes:
-    """Trailer for records (digest, offset, length, raw length) ending at byte `at`.
-
-    Sealed segments and S3 objects share this layout, so one parser reads both.
-    """
-    arr = np.zeros(len(entries), dtype=TABLE_ENTRY)
-    if entries:
-        digests = np.frombuffer(b"".join(e[0] for e in entries), dtype="S16")
-        raw = digests.view(np.uint8).reshape(-1, 16)
-        arr["key"] = raw[:, :8].copy().view("<i8").reshape(-1)
-        arr["digest_tail"] = raw[:, 8:].copy().view("S8").reshape(-1)
-        arr["offset"] = [e[1] for e in entries]
-        arr["length"] = [e[2] for e in entries]
-        arr["raw_length"] = [e[3] for e in entries]
-    table = TABLE_MAGIC + arr.tobytes()
-    footer = FOOTER.pack(FOOTER_MAGIC, len(entries), at, zlib.crc32(table))
-    return table + footer + struct.pack("<I", zlib.crc32(footer))
-
-
-def parse_footer(raw: bytes | memoryview, size: int) -> tuple[int, int, int] | None:
-    """(count, table offset, table crc) from the last FOOTER_SIZE bytes of a unit of `size` bytes.
-
-    None when the unit has no valid footer (unsealed, torn or not ours).
-    """
-    raw = bytes(raw)
-    if len(raw) != FOOTER_SIZE or raw[:4] != FOOTER_MAGIC:
-        return None
-    body = raw[: FOOTER.size]
-    if zlib.crc32(body) != struct.unpack_from("<I", raw, FOOTER.size)[0]:
-        return None
-    _, count, table_off, table_crc = FOOTER.unpack(body)
-    if table_off + trailer_size(count) != size:
-        return None
-    return count, table_off, table_crc
-
-
-def parse_trailer(tail: bytes | memoryview, size: int) -> np.ndarray | None:
-    """The record table from the last `len(tail)` bytes of a unit of `size` bytes.
-
-    `tail` must hold at least the whole trailer. None unless footer and table checksums are valid
-    and every record lies before the table: a unit without a valid trailer is never half-trusted.
-    """
-    tail = memoryview(tail).cast("B")
-    if len(tail) < FOOTER_SIZE or len(tail) > size:
-        return None
-    parsed = parse_footer(tail[len(tail) - FOOTER_SIZE:], size)
-    if parsed is None:
-        return None
-    count, table_off, table_crc = parsed
-    start = len(tail) - (size - table_off)
-    if start < 0:
-        return None
-    table = bytes(tail[start: len(tail) - FOOTER_SIZE])
-    if table[:4] != TABLE_MAGIC or zlib.crc32(table) != table_crc:
-        return None
-    arr = np.frombuffer(table, dtype=TABLE_ENTRY, offset=4)
-    if len(arr) and int((arr["offset"] + arr["length"]).max()) > table_off:
-        return None
-    return arr
-
-
-def _writer_tag() -> str:
-    host = socket.gethostname().replace("-", "_").replace("/", "_") or "host"
-    return f"{host}-{os.getpid()}"
-
-
-def _process_token() -> str:
-    """Random per-process part of segment names: containers may share a hostname and a pid."""
-    return secrets.token_hex(3)
-
-
-def _parse_name(name: str) -> tuple[str, int] | None:
-    """'<ms>-<host>-<pid>-<token><n>.seg' -> (host, pid)."""
-    if not name.endswith(SEGMENT_SUFFIX):
-        return None
-    parts = name[: -len(SEGMENT_SUFFIX)].split("-")
-    if len(parts) != 4 or not parts[2].isdigit():
-        return None
-    return parts[1], int(parts[2])
-
-
-def _pwritev_all(fd: int, bufs: Sequence[object], offset: int) -> None:
-    views = [memoryview(b).cast("B") for b in bufs]  # type: ignore[arg-type]
-    total = sum(v.nbytes for v in views)
-    n = os.pwritev(fd, views, offset)
-    if n < total:  # short write: finish the rest the slow way
-        rest = b"".join(bytes(v) for v in views)[n:]
-        while rest:
-            m = os.pwrite(fd, rest, offset + n)
-            if m <= 0:
-                raise OSError(errno.EIO, "short write")
-            n += m
-            rest = rest[m:]
+def _ikey(digest: bytes) -> int:
+    return int.from_bytes(digest[:8], "little", signed=True)
 
 
 class SegmentDir:
-    """One store directory of segment files with its own in-memory index."""
+    """One store directory of segment files with its own in-memory index.
+
+    `read_only`: never create, change or delete a file (stats, verify). `evict=False`: change files
+    (quarantine, orphan seal) but never evict (verify --fix).
+    """
 
     def __init__(
         self,
@@ -189,13 +100,21 @@ class SegmentDir:
         fsync: bool = False,
         name: str = "local",
         stripes: int = 1,
+        read_only: bool = False,
+        evict: bool = True,
+        file_mode: int = DEFAULT_FILE_MODE,
+        dir_mode: int = DEFAULT_DIR_MODE,
+        orphan_idle_s: float = ORPHAN_IDLE_S,
     ) -> None:
         self.path = Path(path)
         self.name = name
-        self.segment_bytes = segment_bytes
         self.refresh_interval_s = refresh_interval_s
         self.seal_after_s = seal_after_s
         self.fsync = fsync
+        self.read_only = read_only
+        self.evict = evict and not read_only
+        self.file_mode, self.dir_mode = file_mode, dir_mode
+        self.orphan_idle_s = orphan_idle_s
         self.index = Index()
         self._lock = threading.RLock()
         self._units: dict[int, _Unit] = {}
@@ -205,39 +124,64 @@ class SegmentDir:
         self._writers: list[_Writer | None] = [None] * stripes
         self._stripe = threading.local()
         self._stripe_next = 0
+        self._sealing: list[_Writer] = []  # waiting for in-flight writes before their trailer
+        self._unsealed: list[tuple[_Unit, list[Entry], int]] = []  # trailer write failed (full disk): retried
         self._seq = 0
-        self._tag = _writer_tag()
-        self._token = _process_token()
+        self._tag = _writer_tag()  # module-level name: tests pretend to be another host
+        self._token = process_token()
         self._quarantine: set[tuple[str, int]] = set()
+        self._logged: set[str] = set()
         self._closed = threading.Event()
         self._rebuilt = threading.Event()
         self._thread: threading.Thread | None = None
-        self.counters: dict[str, int] = {"scan_records": 0, "scan_torn": 0, "evicted_segments": 0,
-                                         "evicted_bytes": 0, "sealed_segments": 0, "rebuild_ms": 0}
+        self.counters: dict[str, int] = {
+            "scan_records": 0, "scan_torn": 0, "scan_damaged_bytes": 0, "evicted_segments": 0,
+            "evicted_bytes": 0, "sealed_segments": 0, "seal_failures": 0, "rebuild_ms": 0,
+            "foreign_files": 0, "quarantine_bad_lines": 0, "snapshot_discarded": 0,
+            "snapshot_dropped_entries": 0, "snapshot_mismatched_units": 0}
+        if not read_only:
+            self._check_writable()
+        if capacity_bytes is None:
+            capacity_bytes = min(AUTO_CAPACITY_MAX_BYTES, (self._free_bytes() + self._disk_bytes()) // 2)
+        self.capacity_bytes = capacity_bytes
+        # open segments are sized so that, all full, they fit in a share of the capacity
+        share = max(MIN_OPEN_SEGMENT_BYTES, capacity_bytes // (OPEN_SHARE * stripes))
+        self.segment_bytes = min(segment_bytes, share)
+
+    def _check_writable(self) -> None:
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            probe = self.path / f".probe-{self._tag}"
-            probe.write_bytes(b"")
-            probe.unlink()
+            make_dirs(self.path, self.dir_mode)
+            probe = self.path / f".probe-{self._tag}-{self._token}"
+            os.close(open_file(probe, os.O_WRONLY | os.O_CREAT, self.file_mode))
+            os.unlink(probe)
         except OSError as e:
             raise OSError(e.errno, f"store directory {self.path} is not writable ({e.strerror}); "
                                    "fix the path in lifeboat.yaml (storage[].path) or its permissions") from None
-        if capacity_bytes is None:
-            capacity_bytes = min(AUTO_CAPACITY_MAX_BYTES, (shutil.disk_usage(self.path).free + self._disk_bytes()) // 2)
-        self.capacity_bytes = capacity_bytes
+
+    def _free_bytes(self) -> int:
+        p = self.path
+        while not p.exists() and p.parent != p:  # read-only open of a missing directory
+            p = p.parent
+        try:
+            return shutil.disk_usage(p).free
+        except OSError:
+            return 0
+
+    def _log_once(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(msg, *args)
 
     # ------------------------------------------------------------------ open / rebuild
     def open(self, background: bool = True) -> None:
-        """Load the snapshot (instant), then scan what is newer in a background thread."""
-        self._load_quarantine()
-        self._load_snapshot()
+        """Start the index rebuild: snapshot (fast first hits), then the scan of what is newer.
+
+        With background=True nothing here touches the disk; the caller gets the store at once.
+        """
         self._thread = threading.Thread(target=self._run, name=f"lifeboat-{self.name}-index", daemon=True)
-        if background:
-            self._thread.start()
-        else:
-            self._refresh(initial=True)
-            self._rebuilt.set()
-            self._thread.start()
+        if not background:
+            self._rebuild()
+        self._thread.start()
 
     def wait_rebuilt(self, timeout: float | None = None) -> bool:
         return self._rebuilt.wait(timeout)
@@ -246,17 +190,22 @@ class SegmentDir:
     def rebuilt(self) -> bool:
         return self._rebuilt.is_set()
 
+    def _rebuild(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._load_quarantine()
+            self._load_snapshot()
+            self._refresh(initial=True)
+        except Exception:  # never let the index thread die on a bad directory
+            log.exception("lifeboat: initial index rebuild of %s failed", self.path)
+        self.counters["rebuild_ms"] = int((time.perf_counter() - t0) * 1000)
+        self._rebuilt.set()
+        log.info("lifeboat: %s index rebuilt: %d pages in %d ms", self.path, len(self.index),
+                 self.counters["rebuild_ms"])
+
     def _run(self) -> None:
         if not self._rebuilt.is_set():
-            t0 = time.perf_counter()
-            try:
-                self._refresh(initial=True)
-            except Exception:  # never let the index thread die on a bad directory
-                log.exception("lifeboat: initial index rebuild of %s failed", self.path)
-            self.counters["rebuild_ms"] = int((time.perf_counter() - t0) * 1000)
-            self._rebuilt.set()
-            log.info("lifeboat: %s index rebuilt: %d pages in %d ms", self.path, len(self.index),
-                     self.counters["rebuild_ms"])
+            self._rebuild()
         while not self._closed.wait(self.refresh_interval_s):
             try:
                 self._refresh(initial=False)
@@ -265,33 +214,46 @@ class SegmentDir:
                 log.exception("lifeboat: index refresh of %s failed", self.path)
 
     def _disk_bytes(self) -> int:
-        total = 0
         try:
-            with os.scandir(self.path) as it:
-                for e in it:
-                    if e.name.endswith(SEGMENT_SUFFIX):
-                        total += e.stat().st_size
+            return sum(self._list().values())
         except OSError:
-            pass
-        return total
+            return 0
 
     def _list(self) -> dict[str, int]:
-        out = {}
-        with os.scandir(self.path) as it:
+        """Segment files of the directory (name -> size); symlinks and non-files are skipped."""
+        out: dict[str, int] = {}
+        try:
+            it = os.scandir(self.path)
+        except FileNotFoundError:
+            if self.read_only:
+                return out  # stats of a store that was never written
+            raise
+        with it:
             for e in it:
-                if e.name.endswith(SEGMENT_SUFFIX):
-                    try:
-                        out[e.name] = e.stat().st_size
-                    except FileNotFoundError:
-                        continue
+                if not e.name.endswith(SEGMENT_SUFFIX):
+                    continue
+                try:
+                    regular = e.is_file(follow_symlinks=False)
+                    size = e.stat(follow_symlinks=False).st_size if regular else 0
+                except FileNotFoundError:
+                    continue
+                if not regular or parse_name(e.name) is None:
+                    self._foreign(e.name, "a symlink, a non-regular file or a file not named like a segment")
+                    continue
+                out[e.name] = size
         return out
+
+    def _foreign(self, name: str, why: str) -> None:
+        if f"foreign:{name}" not in self._logged:
+            self.counters["foreign_files"] += 1
+        self._log_once(f"foreign:{name}", "lifeboat: %s: ignoring %s (%s)", self.path, name, why)
 
     def _refresh(self, initial: bool) -> None:
         """Reconcile the unit table with the directory listing and index what is new."""
         try:
             listing = self._list()
         except OSError as e:
-            log.warning("lifeboat: cannot list %s: %s", self.path, e)
+            self._log_once(f"list:{e.errno}", "lifeboat: cannot list %s: %s", self.path, e)
             return
         with self._lock:
             own_names = {w.unit.name for w in self._writers if w is not None}
@@ -309,7 +271,7 @@ class SegmentDir:
             if initial:
                 self._adopt_if_orphan(unit)
             self._scan(unit)
-        self.gc()
+        self._auto_gc()
 
     def _add_unit(self, name: str, own: bool = False) -> _Unit:
         uid = self._next_unit
@@ -319,10 +281,80 @@ class SegmentDir:
         self._by_name[name] = uid
         return unit
 
+    # ------------------------------------------------------------------ scanning
+    def _index_entries(self, unit: _Unit, keys: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> int:
+        """Insert a unit's records (if absent), leaving out quarantined ones. Returns how many."""
+        if self._quarantine and len(offs):
+            bad = {o for n, o in self._quarantine if n == unit.name}
+            if bad:
+                keep = ~np.isin(offs.astype(np.uint64), np.fromiter(bad, dtype=np.uint64, count=len(bad)))
+                keys, offs, lens = keys[keep], offs[keep], lens[keep]
+        if len(keys):
+            self.index.insert_arrays(np.asarray(keys, np.int64), np.full(len(keys), unit.id, np.uint32),
+                                     np.asarray(offs, np.uint64), np.asarray(lens, np.uint32), if_absent=True)
+        return len(keys)
+
+    def _index_walk(self, unit: _Unit, w: recovery.Walk) -> None:
+        if w.entries:
+            keys = np.array([_ikey(e[0]) for e in w.entries], np.int64)
+            offs = np.array([e[1] for e in w.entries], np.uint64)
+            lens = np.array([e[2] for e in w.entries], np.uint32)
+            self.counters["scan_records"] += self._index_entries(unit, keys, offs, lens)
+        new_damage = [d for d in w.damaged if d not in unit.damaged]
+        if new_damage:
+            self.counters["scan_torn"] += len(new_damage)
+            self.counters["scan_damaged_bytes"] += sum(n for _, n in new_damage)
+            unit.damaged.extend(new_damage)
+
+    def _index_table(self, unit: _Unit, table: np.ndarray, size: int) -> None:
+        self.counters["scan_records"] += self._index_entries(unit, table["key"], table["offset"], table["length"])
+        unit.scanned = unit.size = unit.walked = size
+        unit.sealed = True
+        unit.damaged = []
+
+    def _scan(self, unit: _Unit) -> None:
+        try:
+            fd = self._acquire(unit)
+        except FileNotFoundError:
+            self._drop(unit)
+            return
+        except ForeignFile as e:
+            self._foreign(unit.name, str(e))
+            self._drop(unit)
+            return
+        except OSError as e:
+            self._log_once(f"open:{unit.name}", "lifeboat: cannot open %s: %s", unit.path, e)
+            return
+        try:
+            size = os.fstat(fd).st_size
+            unit.size = size
+            if size == unit.walked:
+                return
+            table = read_table(fd, size)
+            if table is not None:
+                self._index_table(unit, table, size)
+                return
+            w = recovery.walk(fd, unit.scanned, size)
+            self._index_walk(unit, w)
+            # damage may be a write still in flight: walk it again while young, then walk past it
+            now = time.monotonic()
+            young = False
+            for off, _ in w.damaged:
+                young |= now - unit.damage_seen.setdefault(off, now) < DAMAGE_HEAL_S
+            unit.scanned, unit.walked = (w.resume_at if young else w.end), size
+        except OSError as e:
+            self._log_once(f"scan:{unit.name}", "lifeboat: scan of %s failed: %s", unit.path, e)
+        finally:
+            self._release(unit)
+
     def _adopt_if_orphan(self, unit: _Unit) -> None:
-        """Seal a segment left unsealed by a dead writer on this host (truncating its torn tail)."""
-        parsed = _parse_name(unit.name)
-        if parsed is None or parsed[0] != self._tag.split("-")[0]:
+        """Seal a segment left unsealed by a dead writer on this host.
+
+        Every intact record is kept (holes and bad records stay where they are, unlisted); only
+        bytes after the last intact record are cut before the trailer is written.
+        """
+        parsed = parse_name(unit.name)
+        if self.read_only or parsed is None or parsed[0] != self._tag.split("-")[0]:
             return
         pid = parsed[1]
         if pid == os.getpid():
@@ -335,117 +367,36 @@ class SegmentDir:
         except PermissionError:
             return
         try:  # pids are per namespace: only a segment idle for a while is surely abandoned
-            if time.time() - unit.path.stat().st_mtime < ORPHAN_IDLE_S:
+            st = os.stat(unit.path, follow_symlinks=False)
+            if time.time() - st.st_mtime < self.orphan_idle_s:
                 return
         except OSError:
             return
-        self._scan(unit)
-        if unit.sealed:
+        try:
+            fd = open_file(unit.path, os.O_RDWR)
+        except ForeignFile as e:
+            self._foreign(unit.name, str(e))
             return
-        try:
-            entries = self._entries_from_index(unit)
-            fd = os.open(unit.path, os.O_RDWR)
-            try:
-                os.ftruncate(fd, unit.scanned)
-                end = self._write_trailer(fd, unit.scanned, entries)
-            finally:
-                os.close(fd)
-            unit.size = unit.scanned = end
-            unit.sealed = True
-            log.info("lifeboat: sealed orphan segment %s of dead writer pid %d (%d records)",
-                     unit.name, pid, len(entries))
         except OSError as e:
-            log.warning("lifeboat: could not seal orphan segment %s: %s", unit.name, e)
-
-    def _entries_from_index(self, unit: _Unit) -> list[tuple[bytes, int, int, int]]:
-        """(digest, offset, length, raw length) of unit's records, read back from their headers."""
-        out = []
-        fd = self._acquire(unit)
-        try:
-            pos = 0
-            while pos < unit.scanned:
-                h = unpack_header(os.pread(fd, HEADER_SIZE, pos))
-                out.append((h.digest, pos, h.record_len, h.raw_len))
-                pos += h.record_len
-        finally:
-            self._release(unit)
-        return out
-
-    # ------------------------------------------------------------------ scanning
-    def _scan(self, unit: _Unit) -> None:
-        try:
-            fd = self._acquire(unit)
-        except FileNotFoundError:
-            self._drop(unit)
+            self._log_once(f"adopt:{unit.name}", "lifeboat: could not seal orphan segment %s: %s", unit.name, e)
             return
         try:
             size = os.fstat(fd).st_size
-            unit.size = size
-            if size <= unit.scanned:
-                return
-            if self._scan_trailer(unit, fd, size):
-                return
-            self._walk(unit, fd, size)
+            if read_table(fd, size) is not None:
+                return  # sealed after all; the scan reads its trailer
+            w = recovery.walk(fd, 0, size)
+            self._index_walk(unit, w)
+            if size > w.end:
+                os.ftruncate(fd, w.end)
+            end = self._write_trailer(fd, w.end, w.entries)
+            unit.size = unit.scanned = unit.walked = end
+            unit.sealed = True
+            log.info("lifeboat: sealed orphan segment %s of dead writer pid %d (%d records, %d damaged "
+                     "regions skipped)", unit.name, pid, len(w.entries), len(w.damaged))
         except OSError as e:
-            log.warning("lifeboat: scan of %s failed: %s", unit.path, e)
+            self._log_once(f"adopt:{unit.name}", "lifeboat: could not seal orphan segment %s: %s", unit.name, e)
         finally:
-            self._release(unit)
-
-    @staticmethod
-    def _read_table(fd: int, size: int) -> np.ndarray | None:
-        """The trailer table of a sealed segment, or None when there is no valid trailer."""
-        if size < FOOTER_SIZE:
-            return None
-        parsed = parse_footer(os.pread(fd, FOOTER_SIZE, size - FOOTER_SIZE), size)
-        if parsed is None:
-            return None
-        return parse_trailer(os.pread(fd, size - parsed[1], parsed[1]), size)
-
-    def _scan_trailer(self, unit: _Unit, fd: int, size: int) -> bool:
-        arr = self._read_table(fd, size)
-        if arr is None:
-            return False
-        if unit.scanned:
-            arr = arr[arr["offset"] >= unit.scanned]
-        if self._quarantine:
-            keep = np.array([(unit.name, int(o)) not in self._quarantine for o in arr["offset"]], dtype=bool)
-            arr = arr[keep] if len(arr) else arr
-        self.index.insert_arrays(arr["key"], np.full(len(arr), unit.id, np.uint32), arr["offset"],
-                                 arr["length"], if_absent=True)
-        self.counters["scan_records"] += len(arr)
-        unit.scanned = size
-        unit.sealed = True
-        return True
-
-    def _walk(self, unit: _Unit, fd: int, size: int) -> None:
-        """Index complete records of an unsealed segment, verifying each payload checksum."""
-        pos = unit.scanned
-        keys, offs, lens = [], [], []
-        while pos + HEADER_SIZE <= size:
-            hdr = os.pread(fd, HEADER_SIZE, pos)
-            if hdr[:4] == TABLE_MAGIC:
-                break  # a trailer is being written; the next refresh reads it whole
-            try:
-                h = unpack_header(hdr)
-            except RecordError:
-                self.counters["scan_torn"] += 1
-                break
-            if pos + h.record_len > size:
-                break  # incomplete: still being written, or the torn tail
-            payload = os.pread(fd, h.stored_len, pos + HEADER_SIZE)
-            if not payload_matches(h, payload):
-                self.counters["scan_torn"] += 1
-                break
-            if (unit.name, pos) not in self._quarantine:
-                keys.append(int.from_bytes(h.digest[:8], "little", signed=True))
-                offs.append(pos)
-                lens.append(h.record_len)
-            pos += h.record_len
-        if keys:
-            self.index.insert_arrays(np.array(keys, np.int64), np.full(len(keys), unit.id, np.uint32),
-                                     np.array(offs, np.uint64), np.array(lens, np.uint32), if_absent=True)
-            self.counters["scan_records"] += len(keys)
-        unit.scanned = pos
+            os.close(fd)
 
     # ------------------------------------------------------------------ fds
     def _acquire(self, unit: _Unit) -> int:
@@ -453,7 +404,7 @@ class SegmentDir:
             if unit.dropped:
                 raise FileNotFoundError(errno.ENOENT, "segment evicted", str(unit.path))
             if unit.fd is None:
-                unit.fd = os.open(unit.path, os.O_RDONLY)
+                unit.fd = open_file(unit.path, os.O_RDONLY)
             unit.readers += 1
             return unit.fd
 
@@ -479,22 +430,28 @@ class SegmentDir:
     # ------------------------------------------------------------------ write path
     def append(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int) -> Loc:
         """Append one record (header + payload parts) and index it. Raises OSError on I/O failure."""
+        if self.read_only:
+            raise OSError(errno.EROFS, f"{self.path} is open read-only")
         with self._lock:
             stripe = self._my_stripe()
             w = self._writer_for(stripe, length)
             rolled = w.reserved == 0
             off = w.reserved
             w.reserved += length
+            w.count += 1
+            # the blocks of this record and of a trailer listing every record so far
+            room = length + trailer_size(w.count)
             w.unit.size = w.reserved
             w.inflight += 1
         try:
-            _pwritev_all(w.fd, bufs, off)
+            reserve_space(w.fd, off, room)
+            pwritev_all(w.fd, bufs, off)
         except OSError:
             with self._lock:
                 w.inflight -= 1
-                if self._writers[stripe] is w:  # abandon the segment: its tail now has a hole
+                if self._writers[stripe] is w:  # abandon the segment: its tail may hold a partial record
                     self._writers[stripe] = None
-                    self._start_seal(w)
+                self._start_seal(w)
             raise
         with self._lock:
             w.inflight -= 1
@@ -503,8 +460,8 @@ class SegmentDir:
                 self._finish_seal(w)
         loc = Loc(w.unit.id, off, length)
         self.index.insert(ikey, loc)
-        if rolled:  # a segment was sealed for this one: enforce the capacity bound now
-            self.gc()
+        if rolled:  # a segment was opened for this one: enforce the capacity bound now
+            self._auto_gc()
         return loc
 
     def _my_stripe(self) -> int:
@@ -524,7 +481,7 @@ class SegmentDir:
         if w is None:
             self._seq += 1
             name = f"{int(time.time() * 1000):013d}-{self._tag}-{self._token}{self._seq:06d}{SEGMENT_SUFFIX}"
-            fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = open_file(self.path / name, os.O_RDWR | os.O_CREAT, self.file_mode)
             unit = self._add_unit(name, own=True)
             w = self._writers[stripe] = _Writer(unit, fd, time.monotonic())
         return w
@@ -533,42 +490,82 @@ class SegmentDir:
         w.sealing = True
         if w.inflight == 0:
             self._finish_seal(w)
+        elif w not in self._sealing:
+            self._sealing.append(w)
 
     def _finish_seal(self, w: _Writer) -> None:
-        """Write the trailer of a segment whose records are all written; called under the lock."""
+        """Seal a segment whose writes have all returned (called under the lock).
+
+        The trailer lists every record that was written, holes left by failed writes included; only
+        bytes after the last written record are cut. A segment that cannot be sealed (full disk) is
+        marked sealed in memory so eviction can reclaim it, and one with no record is removed.
+        """
+        if w in self._sealing:
+            self._sealing.remove(w)
+        if w.fd < 0:
+            return
+        entries = sorted(w.entries, key=lambda e: e[1])
+        end = max((e[1] + e[2] for e in entries), default=0)
+        unit = w.unit
         try:
-            entries = sorted(w.entries, key=lambda e: e[1])
-            # only the contiguous prefix is trustworthy if a write failed and left a hole
-            end = 0
-            good = []
-            for e in entries:
-                if e[1] != end:
-                    break
-                good.append(e)
-                end = e[1] + e[2]
-            if end != w.reserved:
+            if not entries:
+                os.unlink(unit.path)
+                self._drop(unit)
+                return
+            if os.fstat(w.fd).st_size > end:  # a failed write's partial bytes (same size: keep the reserved blocks)
                 os.ftruncate(w.fd, end)
-            size = self._write_trailer(w.fd, end, good)
+            size = self._write_trailer(w.fd, end, entries)
             if self.fsync:
                 os.fdatasync(w.fd)
-            w.unit.size = w.unit.scanned = size
-            w.unit.sealed = True
+            unit.size = unit.scanned = unit.walked = size
             self.counters["sealed_segments"] += 1
         except OSError as e:
-            log.warning("lifeboat: sealing %s failed (%s); it will be walked record by record", w.unit.path, e)
-            w.unit.scanned = 0
+            self.counters["seal_failures"] += 1
+            self._log_once(f"seal:{e.errno}", "lifeboat: sealing %s failed (%s); its records stay indexed, the "
+                                              "seal is retried (and the next open walks it)", unit.path, e)
+            try:
+                os.ftruncate(w.fd, end)  # drop a partial trailer; the records stay
+                unit.size = end
+            except OSError:
+                unit.size = w.reserved
+            unit.scanned, unit.walked = 0, -1
+            self._unsealed.append((unit, entries, end))
         finally:
+            unit.sealed = True  # no more writes: evictable
+            unit.own = False
             os.close(w.fd)
-            w.unit.own = False
+            w.fd = -1
 
-    @staticmethod
-    def _write_trailer(fd: int, at: int, entries: list[tuple[bytes, int, int, int]]) -> int:
-        blob = build_trailer(at, entries)
-        _pwritev_all(fd, [blob], at)
-        return at + len(blob)
+    def _write_trailer(self, fd: int, at: int, entries: Sequence[Entry]) -> int:
+        return write_trailer(fd, at, entries)
+
+    def _retry_seals(self) -> None:
+        """Write the trailers that failed earlier (the disk may have room again)."""
+        with self._lock:
+            todo, self._unsealed = self._unsealed, []
+            for unit, entries, end in todo:
+                if unit.dropped:
+                    continue
+                try:
+                    fd = open_file(unit.path, os.O_RDWR)
+                except OSError:
+                    continue  # evicted or replaced meanwhile
+                try:
+                    os.ftruncate(fd, end)
+                    size = self._write_trailer(fd, end, entries)
+                    unit.size = unit.scanned = unit.walked = size
+                    self.counters["sealed_segments"] += 1
+                except OSError:
+                    try:
+                        os.ftruncate(fd, end)
+                    except OSError:
+                        pass
+                    self._unsealed.append((unit, entries, end))
+                finally:
+                    os.close(fd)
 
     def seal(self) -> None:
-        """Seal the open segment now (flush / close / shared-FS visibility)."""
+        """Seal the open segments now (flush / close / shared-FS visibility)."""
         with self._lock:
             for i, w in enumerate(self._writers):
                 self._writers[i] = None
@@ -576,6 +573,8 @@ class SegmentDir:
                     self._start_seal(w)
 
     def _maybe_time_seal(self) -> None:
+        if self._unsealed:
+            self._retry_seals()
         if self.seal_after_s is None:
             return
         with self._lock:
@@ -600,6 +599,10 @@ class SegmentDir:
         except FileNotFoundError:
             self._drop(unit)
             return False
+        except ForeignFile as e:
+            self._foreign(unit.name, str(e))
+            self._drop(unit)
+            return False
         try:
             n = os.preadv(fd, bufs, loc.offset)
         finally:
@@ -620,26 +623,49 @@ class SegmentDir:
         with self._lock:
             return [(u.name, u.size, u.sealed) for u in sorted(self._units.values(), key=lambda u: u.name)]
 
+    def _projected_bytes(self) -> int:
+        """Bytes on disk once every open segment is full: what the capacity must hold."""
+        own = {w.unit.id: max(self.segment_bytes, w.reserved) for w in self._writers if w is not None}
+        return sum(own.get(u.id, u.size) for u in self._units.values())
+
+    def _auto_gc(self) -> None:
+        """The capacity bound a serving process keeps; a maintenance open (evict=False) skips it."""
+        if self.evict:
+            self.gc()
+
     def gc(self, target_bytes: int | None = None) -> int:
-        """Evict whole oldest sealed segments until usage <= capacity (or target). Returns bytes freed."""
+        """Evict whole oldest sealed segments until the bytes on disk, open segments counted full, fit.
+
+        Seals idle open segments early when only they are left to evict. Returns bytes freed
+        (0 when open read-only). Called explicitly by `lifeboat gc`, and by serving processes.
+        """
+        if self.read_only:
+            return 0
         limit = self.capacity_bytes if target_bytes is None else target_bytes
         freed = 0
+        sealed_early = False
         while True:
             with self._lock:
-                used = sum(u.size for u in self._units.values())
-                if used <= limit:
+                if self._projected_bytes() <= limit:
                     return freed
                 victims = sorted((u for u in self._units.values() if u.sealed and not u.own),
                                  key=lambda u: u.name)
                 if not victims:
-                    return freed
+                    if sealed_early:
+                        return freed
+                    sealed_early = True
+                    for i, w in enumerate(self._writers):
+                        if w is not None and w.inflight == 0 and w.reserved:
+                            self._writers[i] = None
+                            self._start_seal(w)
+                    continue
                 victim = victims[0]
             try:
-                victim.path.unlink()
+                os.unlink(victim.path)
             except FileNotFoundError:
                 pass
             except OSError as e:
-                log.warning("lifeboat: cannot evict %s: %s", victim.path, e)
+                self._log_once(f"evict:{e.errno}", "lifeboat: cannot evict %s: %s", victim.path, e)
                 return freed
             self._drop(victim)
             freed += victim.size
@@ -647,115 +673,137 @@ class SegmentDir:
             self.counters["evicted_bytes"] += victim.size
 
     def describe(self) -> list[dict[str, int | str | bool]]:
-        """Per segment: records, stored and raw bytes (from trailers, or headers when unsealed)."""
-        out = []
-        for name, size, sealed in self.units():
-            with self._lock:
-                unit = self._units.get(self._by_name.get(name, -1))
-            if unit is None:
-                continue
-            recs = stored = raw = 0
-            try:
-                fd = self._acquire(unit)
-            except FileNotFoundError:
-                continue
-            try:
-                table = self._read_table(fd, os.fstat(fd).st_size) if sealed else None
-                if table is not None:
-                    recs, stored, raw = len(table), int(table["length"].sum()), int(table["raw_length"].sum())
-                else:
-                    pos = 0
-                    while pos < unit.scanned:
-                        h = unpack_header(os.pread(fd, HEADER_SIZE, pos))
-                        recs, stored, raw, pos = recs + 1, stored + h.record_len, raw + h.raw_len, pos + h.record_len
-            except (OSError, RecordError) as e:
-                log.warning("lifeboat: cannot describe %s: %s", unit.path, e)
-            finally:
-                self._release(unit)
-            out.append({"segment": name, "bytes": size, "sealed": sealed, "records": recs,
-                        "stored_bytes": stored, "raw_bytes": raw})
-        return out
+        """Per segment: records, stored and raw bytes (see inspection.describe)."""
+        return inspection.describe(self)
+
+    def audit(self, fix: bool = False) -> list[str]:
+        """The file -> index half of verify (see inspection.audit)."""
+        return inspection.audit(self, fix)
 
     # ------------------------------------------------------------------ quarantine
     def _load_quarantine(self) -> None:
-        p = self.path / QUARANTINE_NAME
         try:
-            for line in p.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                    self._quarantine.add((rec["segment"], int(rec["offset"])))
-                except (ValueError, KeyError, TypeError):
-                    continue
-        except FileNotFoundError:
-            pass
+            entries, bad = qlist.load(self.path)
+        except ForeignFile as e:
+            self._foreign(qlist.QUARANTINE_NAME, str(e))
+            return
         except OSError as e:
-            log.warning("lifeboat: cannot read %s: %s", p, e)
+            if not (self.read_only and e.errno == errno.ENOENT):
+                self._log_once("quarantine-read", "lifeboat: cannot read the quarantine list of %s: %s", self.path, e)
+            return
+        self._quarantine |= entries
+        if bad:
+            self.counters["quarantine_bad_lines"] += bad
+            self._log_once("quarantine-bad", "lifeboat: %s: ignored %d bad line(s) of %s", self.path, bad,
+                           qlist.QUARANTINE_NAME)
 
     def quarantine(self, ikey: int, loc: Loc, reason: str) -> None:
         """Drop a bad record from the index and remember it so no later scan brings it back."""
         self.index.remove_if_match(ikey, loc)
         name = self.unit_name(loc.unit)
-        if name is None:
+        if name is not None:
+            self._record_quarantine(name, loc.offset, loc.length, reason)
+
+    def _record_quarantine(self, name: str, offset: int, length: int, reason: str) -> None:
+        self._quarantine.add((name, offset))
+        if self.read_only:
             return
-        self._quarantine.add((name, loc.offset))
         try:
-            with open(self.path / QUARANTINE_NAME, "a") as f:
-                f.write(json.dumps({"segment": name, "offset": loc.offset, "length": loc.length,
-                                    "reason": reason, "time": time.time()}) + "\n")
+            qlist.append(self.path, name, offset, length, reason, self.file_mode)
+        except ForeignFile as e:
+            self._foreign(qlist.QUARANTINE_NAME, str(e))
         except OSError as e:
-            log.warning("lifeboat: cannot record quarantine in %s: %s", self.path, e)
+            self._log_once("quarantine-write", "lifeboat: cannot record quarantine in %s: %s", self.path, e)
 
     # ------------------------------------------------------------------ snapshot
     def save_snapshot(self) -> None:
-        """Persist the index (temp file + rename) so the next open needs no full scan."""
+        """Persist the index (safe temp file + rename) so the next open has its first hits at once."""
+        if self.read_only:
+            return
         with self._lock:
-            units = [{"name": u.name, "id": u.id, "scanned": u.scanned, "sealed": u.sealed}
-                     for u in self._units.values() if u.sealed or not u.own]
+            units = [snap.SnapshotUnit(u.name, u.id, u.scanned, True)
+                     for u in self._units.values() if u.sealed and not u.own and u.scanned == u.size]
             arrays = self.index.export()
-        ids = np.array([u["id"] for u in units], dtype=np.uint32)
-        keep = np.isin(arrays["units"], ids)
-        meta = json.dumps({"version": SNAPSHOT_VERSION, "units": units}).encode()
-        tmp = self.path / f".{SNAPSHOT_NAME}.{self._tag}.tmp"
+        keep = np.isin(arrays["units"], np.array([u.id for u in units], dtype=np.uint32))
         try:
-            with open(tmp, "wb") as f:
-                np.savez(f, meta=np.frombuffer(meta, dtype=np.uint8), keys=arrays["keys"][keep],
-                         units=arrays["units"][keep], offsets=arrays["offsets"][keep],
-                         lengths=arrays["lengths"][keep])
-            os.replace(tmp, self.path / SNAPSHOT_NAME)
+            snap.save(self.path, units, {k: v[keep] for k, v in arrays.items()}, self.file_mode)
         except OSError as e:
-            log.warning("lifeboat: cannot save index snapshot in %s: %s", self.path, e)
-            tmp.unlink(missing_ok=True)
+            self._log_once("snapshot-save", "lifeboat: cannot save index snapshot in %s: %s", self.path, e)
 
     def _load_snapshot(self) -> None:
-        p = self.path / SNAPSHOT_NAME
-        if not p.exists():
-            return
+        """Index what the snapshot says about sealed segments, then check it against their trailers."""
         try:
-            with np.load(p, allow_pickle=False) as z:
-                meta = json.loads(bytes(z["meta"]).decode())
-                if meta.get("version") != SNAPSHOT_VERSION:
-                    raise ValueError(f"snapshot version {meta.get('version')}")
-                keys, units, offs, lens = z["keys"], z["units"], z["offsets"], z["lengths"]
+            s = snap.load(self.path)
+            if s is None:
+                return
             listing = self._list()
-        except Exception as e:  # a bad snapshot is only a slower start: discard it and rescan
-            log.warning("lifeboat: ignoring index snapshot %s (%s); rescanning", p, e)
+        except (snap.SnapshotError, OSError) as e:  # a bad snapshot is only a slower start
+            if not (self.read_only and isinstance(e, FileNotFoundError)):
+                self.counters["snapshot_discarded"] += 1
+                self._log_once("snapshot", "lifeboat: ignoring index snapshot in %s (%s); rescanning", self.path, e)
             return
-        remap = np.full(int(units.max()) + 1 if len(units) else 1, 0, dtype=np.uint32)
+        idmap: dict[int, _Unit] = {}
         with self._lock:
-            for u in meta["units"]:
-                size = listing.get(u["name"])
-                if size is None or size < u["scanned"] or u["id"] >= len(remap):
-                    continue
-                unit = self._add_unit(u["name"])
-                unit.scanned, unit.sealed, unit.size = int(u["scanned"]), bool(u["sealed"]), size
-                if unit.sealed and size != unit.scanned:
-                    unit.sealed, unit.scanned = False, 0  # rewritten since: scan it again
-                    continue
-                remap[u["id"]] = unit.id
-        new_units = remap[units] if len(units) else units
-        ok = new_units != 0
-        self.index.insert_arrays(keys[ok], new_units[ok], offs[ok], lens[ok], if_absent=True)
-        log.info("lifeboat: %s: loaded index snapshot with %d pages", self.path, int(ok.sum()))
+            for su in s.units:
+                if not su.sealed or listing.get(su.name) != su.scanned or su.name in self._by_name:
+                    continue  # unsealed or changed since: scanned afresh
+                unit = self._add_unit(su.name)
+                unit.size = unit.scanned = su.scanned
+                unit.sealed = True
+                idmap[su.id] = unit
+        old_ids = np.array(sorted(idmap), dtype=np.int64)
+        pos = np.searchsorted(old_ids, s.unit_ids.astype(np.int64)) if len(old_ids) else None
+        new_ids = np.zeros(len(s.unit_ids), np.uint32)
+        if pos is not None:
+            posc = np.minimum(pos, len(old_ids) - 1)
+            hit = old_ids[posc] == s.unit_ids
+            lookup = np.array([idmap[int(i)].id for i in old_ids], np.uint32)
+            new_ids[hit] = lookup[posc[hit]]
+        s.dropped += int((new_ids == 0).sum())
+        self.counters["snapshot_dropped_entries"] += s.dropped
+        by_unit = {u.id: u for u in idmap.values()}
+        for uid in np.unique(new_ids[new_ids != 0]).tolist():
+            m = new_ids == uid
+            self._index_entries(by_unit[uid], s.keys[m], s.offsets[m], s.lengths[m])
+        log.info("lifeboat: %s: loaded index snapshot with %d pages", self.path, int((new_ids != 0).sum()))
+        self._check_snapshot(list(idmap.values()), s, new_ids)
+
+    def _check_snapshot(self, units: list[_Unit], s: snap.Snapshot, new_ids: np.ndarray) -> None:
+        """Drop every unit whose snapshot entries are not all in its trailer, then index the trailers.
+
+        Bad units are all dropped before any trailer is indexed, so a wrong entry can never keep a
+        right one out (insert-if-absent).
+        """
+        tables: dict[int, np.ndarray] = {}
+        bad: list[_Unit] = []
+        for unit in units:
+            try:
+                fd = self._acquire(unit)
+            except OSError:
+                bad.append(unit)
+                continue
+            try:
+                table = read_table(fd, os.fstat(fd).st_size)
+            except OSError:
+                table = None
+            finally:
+                self._release(unit)
+            m = new_ids == unit.id
+            if table is None or not _subset(s.keys[m], s.offsets[m], s.lengths[m], table):
+                bad.append(unit)
+            else:
+                tables[unit.id] = table
+        for unit in bad:
+            self.counters["snapshot_mismatched_units"] += 1
+            self.index.drop_unit(unit.id)
+            unit.sealed, unit.scanned, unit.walked = False, 0, -1  # the refresh scans it afresh
+        if bad:
+            self._log_once("snapshot-bad", "lifeboat: %s: the index snapshot disagreed with %d segment(s); "
+                                           "rescanning them", self.path, len(bad))
+        for unit in units:
+            if unit.id in tables:
+                self._index_entries(unit, tables[unit.id]["key"], tables[unit.id]["offset"],
+                                    tables[unit.id]["length"])
 
     # ------------------------------------------------------------------ verify / close
     def records(self) -> Iterator[tuple[int, Loc]]:
@@ -769,9 +817,29 @@ class SegmentDir:
         self.seal()
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=5)
+        if self._unsealed:
+            self._retry_seals()
         self.save_snapshot()
         with self._lock:
+            for w in [*self._writers, *self._sealing]:  # a write still in flight: never leave its fd open
+                if w is not None and w.fd >= 0:
+                    os.close(w.fd)
+                    w.fd = -1
+            self._sealing.clear()
             for u in self._units.values():
-                if u.fd is not None and u.readers == 0:
+                if u.fd is not None:
                     os.close(u.fd)
                     u.fd = None
+
+
+def _subset(keys: np.ndarray, offs: np.ndarray, lens: np.ndarray, table: np.ndarray) -> bool:
+    """Whether every (key, offset, length) is a row of the trailer table."""
+    if not len(keys):
+        return True
+    order = np.argsort(table["offset"], kind="stable")
+    t_off = table["offset"][order]
+    pos = np.searchsorted(t_off, offs)
+    if (pos >= len(t_off)).any():
+        return False
+    return bool((t_off[pos] == offs).all() and (table["key"][order][pos] == keys).all()
+                and (table["length"][order][pos] == lens).all())

@@ -30,7 +30,8 @@ from typing import Any, Sequence
 
 from ..index import Loc
 from .local import LocalTier
-from .segment import FOOTER_SIZE, SegmentDir, _parse_name, _Unit, parse_footer
+from .segfile import FOOTER_SIZE, Entry, ForeignFile, open_file, parse_footer, parse_name, write_trailer
+from .segment import SegmentDir, _Unit
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class SharedSegmentDir(SegmentDir):
         self.counters.update(foreign_unsealed=0, foreign_abandoned=0, stale_handles=0)
 
     def _writer_dead_here(self, unit: _Unit) -> bool:
-        parsed = _parse_name(unit.name)
+        parsed = parse_name(unit.name)
         if parsed is None or parsed[0] != self._tag.split("-")[0] or parsed[1] == os.getpid():
             return False
         try:
@@ -65,8 +66,12 @@ class SharedSegmentDir(SegmentDir):
         if unit.own or unit.sealed:
             return super()._scan(unit)
         try:  # probe with a fresh open (close-to-open revalidation), never a cached fd
-            fd = os.open(unit.path, os.O_RDONLY)
+            fd = open_file(unit.path, os.O_RDONLY)
         except FileNotFoundError:
+            self._drop(unit)
+            return
+        except ForeignFile as e:
+            self._foreign(unit.name, str(e))
             self._drop(unit)
             return
         except OSError as e:
@@ -102,10 +107,9 @@ class SharedSegmentDir(SegmentDir):
             log.info("lifeboat: %s: segment %s stopped growing %.0f s ago unsealed; served up to byte %d",
                      self.path, unit.name, now - prev[1], unit.scanned)
 
-    @staticmethod
-    def _write_trailer(fd: int, at: int, entries: list[tuple[bytes, int, int, int]]) -> int:
+    def _write_trailer(self, fd: int, at: int, entries: Sequence[Entry]) -> int:
         os.fdatasync(fd)  # the records reach the server before the trailer that publishes them
-        return SegmentDir._write_trailer(fd, at, entries)
+        return write_trailer(fd, at, entries)
 
     def read_into(self, loc: Loc, bufs: Sequence[memoryview]) -> bool:
         try:

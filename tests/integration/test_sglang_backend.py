@@ -268,6 +268,7 @@ def test_mha_ranks_pp_and_cp_have_their_own_keys(tmp_path):
         assert other.batch_exists(keys) == 0, kw
         other.close()
     same = _backend(tmp_path, host, tp_rank=0, tp_size=2)
+    _wait_for_hits(same, keys, 10)  # the index (snapshot first) loads in the background
     assert same.batch_exists(keys) == 8
     writer.close(), same.close()
 

@@ -44,8 +44,11 @@ def test_verify_quarantines_and_exits_nonzero(tmp_path, capsys):
         f.seek(100)
         f.write(b"\x00\x01\x02")
     assert main(["verify", "--config", str(cfg), "--quiet"]) == 1
+    assert "1 bad (reported" in capsys.readouterr().out
+    assert main(["verify", "--config", str(cfg), "--quiet"]) == 1  # without --fix nothing changed
+    assert main(["verify", "--config", str(cfg), "--quiet", "--fix"]) == 1
     out = capsys.readouterr().out
-    assert "1 bad (quarantined)" in out
+    assert "1 bad (fixed" in out
     assert main(["verify", "--config", str(cfg), "--quiet"]) == 0
 
 
