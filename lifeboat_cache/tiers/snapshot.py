@@ -76,7 +76,8 @@ def _array(zf: zipfile.ZipFile, name: str, limit: int) -> np.ndarray:
 
 def _units(meta: object) -> list[SnapshotUnit]:
     if not isinstance(meta, dict) or meta.get("version") != SNAPSHOT_VERSION:
-        raise SnapshotError(f"not a version {SNAPSHOT_VERSION} snapshot")
+        found = meta.get("version") if isinstance(meta, dict) else None
+        raise SnapshotError(f"snapshot version {str(found)[:20]}, this build reads version {SNAPSHOT_VERSION}")
     raw = meta.get("units")
     if not isinstance(raw, list):
         raise SnapshotError("no unit list")
