@@ -247,8 +247,9 @@ def _decompress_into(frame: memoryview | bytes, out: np.ndarray) -> None:
     frame's content size): no result bytes object, so no fresh pages to fault in and no copy.
 
     The reader gets the whole frame at once, so zstd decodes it in one pass into out (its
-    single-pass shortcut for a frame whose content size fits the output). ~1.6x the allocating
-    decompress() for a 512 KiB plane.
+    single-pass shortcut for a frame whose content size fits the output). Measured per CPU-second:
+    ~10% faster page decode for 8 MiB bf16 pages, the same for 1 MiB ones (where malloc reuses the
+    freed result and the copy stays in cache); whole-page zstd (1-byte dtypes) skips a page copy.
     """
     n = out.nbytes
     _check_frame(frame, n)
