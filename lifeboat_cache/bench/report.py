@@ -39,7 +39,8 @@ def tables(res: dict[str, Any]) -> str:
     c = res["sections"].get("ceilings")
     out += ["### Ceilings (absolute, this machine)", "", "| what | GB/s |", "|---|---|"]
     if _ok(c):
-        out.append(f"| memory copy (numpy, 1 core) | {_spread(c['memcpy']['gb_s'])} |")
+        cpu = f" (per CPU-second: {_spread(c['memcpy']['cpu_gb_s'])})" if "cpu_gb_s" in c["memcpy"] else ""
+        out.append(f"| memory copy (numpy, 1 core) | {_spread(c['memcpy']['gb_s'])}{cpu} |")
         pf = c["plain_file"]
         out.append(f"| plain files: write + fsync | {_spread(pf['write_fsync_gb_s'])} |")
         out.append(f"| plain files: cold read (resident before: {max(pf['resident_pages_before_read'])} pages) "
@@ -50,8 +51,10 @@ def tables(res: dict[str, Any]) -> str:
                 continue
             for mode in ("raw", "compressed"):
                 x = d[mode]
+                cpu = (f" (per CPU-second: {_spread(x['encode_cpu_gb_s'])} / {_spread(x['decode_cpu_gb_s'])})"
+                       if "decode_cpu_gb_s" in x else "")
                 out.append(f"| codec {mode}, {data[6:].replace('_', ' ')}, 1 core (ratio {x['ratio']:.2f}x): "
-                           f"encode / decode | {_spread(x['encode_gb_s'])} / {_spread(x['decode_gb_s'])} |")
+                           f"encode / decode | {_spread(x['encode_gb_s'])} / {_spread(x['decode_gb_s'])}{cpu} |")
     else:
         out.append(f"| {_status(c)} | |")
     s = res["sections"].get("sglang_vs_file")

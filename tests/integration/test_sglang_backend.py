@@ -189,6 +189,7 @@ def test_copy_fallback_and_zero_copy_read_each_others_pages(tmp_path, monkeypatc
     monkeypatch.setenv("LIFEBOAT_SGLANG_ZERO_COPY", "0")
     copy = CpuHiCache(dev, host, lifeboat_extra(tmp_path))
     try:
+        assert copy.backend.store.wait_rebuilt(30)  # the reopened store's index loads in the background
         assert copy.ctl.page_get_func.__name__ == "_generic_page_get"
         got = copy.prefetch(tokens_a)  # written zero-copy, read through batch_get
         assert got["loaded_tokens"] == len(tokens_a) and flat_pages(host, got["host_indices"]) == pages[:40]
@@ -199,6 +200,7 @@ def test_copy_fallback_and_zero_copy_read_each_others_pages(tmp_path, monkeypatc
     monkeypatch.delenv("LIFEBOAT_SGLANG_ZERO_COPY")
     zero = CpuHiCache(dev, host, lifeboat_extra(tmp_path))
     try:
+        assert zero.backend.store.wait_rebuilt(30)
         got = zero.prefetch(tokens_b)  # written by batch_set, read zero-copy
         assert got["loaded_tokens"] == len(tokens_b) and flat_pages(host, got["host_indices"]) == pages[40:]
     finally:

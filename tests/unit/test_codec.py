@@ -262,3 +262,68 @@ def test_compressed_record_recodes_raw_records_only():
     header, parts, _ = codec.build_record(noise, itemsize=2, dtype=5, digest=dg, namespace=ns, compress=False)
     raw = header + b"".join(bytes(memoryview(p).cast("B")) for p in parts)
     assert codec.compressed_record(raw) is raw  # does not compress: stays raw
+
+
+# ------------------------------------------------------------------ decode straight into the destination
+def _payload(page: np.ndarray, itemsize: int) -> tuple[int, memoryview]:
+    c, parts = codec.encode(codec.as_bytes_view(page), itemsize, True)
+    return c, memoryview(b"".join(bytes(memoryview(p).cast("B")) for p in parts))
+
+
+@pytest.mark.parametrize("cuts", [(), (4096,), (1, 4097, 30000)])
+def test_a_zstd_page_decodes_straight_into_one_buffer_or_its_pieces(cuts):
+    page = codec.as_bytes_view(_kv_like("uint8"))
+    c, payload = _payload(page, 1)
+    assert c == codec.ZSTD
+    out = np.zeros_like(page)
+    bounds = [0, *cuts, page.nbytes]
+    pieces = [out[a:b] for a, b in zip(bounds, bounds[1:])]
+    codec.decode_into(c, payload, pieces[0] if len(pieces) == 1 else pieces, 1)
+    assert out.tobytes() == page.tobytes()
+
+
+def test_pages_of_changing_sizes_decode_exactly_on_one_thread():
+    """The per-thread plane buffer grows and is sliced per page: every page must still be exact,
+    including float32 pages whose two high planes both compress (two planes in the buffer)."""
+    for dtype, n in (("bf16", 1 << 16), ("bf16", 1 << 12), ("float32", 1 << 15), ("bf16", 1 << 17),
+                     ("float16", 1 << 14)):
+        page = _kv_like(dtype, n=n, seed=n)
+        flat = codec.as_bytes_view(page)
+        c, payload = _payload(page, page.dtype.itemsize)
+        assert c == codec.PLANES
+        out = np.zeros_like(flat)
+        codec.decode_into(c, payload, out, page.dtype.itemsize)
+        assert out.tobytes() == flat.tobytes(), (dtype, n)
+
+
+def test_plane_payloads_decode_the_same_as_zstds_one_shot_decompress():
+    """Records written before the decode-into change are the same bytes: decoding them plane by plane
+    with zstd's plain decompress (the old decoder) and merging gives the page decode_into gives."""
+    import struct
+
+    import zstandard
+
+    page = codec.as_bytes_view(_kv_like("bf16", n=1 << 16))
+    c, payload = _payload(page, 2)
+    sizes = struct.unpack_from("<2I", payload, 0)
+    planes, pos = [], 8
+    for size in sizes:
+        chunk = bytes(payload[pos: pos + size])
+        pos += size
+        planes.append(np.frombuffer(chunk if size == page.nbytes // 2 else
+                                    zstandard.ZstdDecompressor().decompress(chunk), np.uint8))
+    old = np.empty_like(page)
+    codec.merge_planes_into(planes, old, 2)
+    new = np.empty_like(page)
+    codec.decode_into(c, payload, new, 2)
+    assert old.tobytes() == new.tobytes() == page.tobytes()
+
+
+def test_a_truncated_zstd_frame_is_a_payload_error_not_a_short_page():
+    page = codec.as_bytes_view(_kv_like("uint8"))
+    c, payload = _payload(page, 1)
+    out = np.zeros_like(page)
+    for cut in (1, 16, len(payload) // 2):
+        with pytest.raises(RecordError) as e:
+            codec.decode_into(c, payload[: len(payload) - cut], out, 1)
+        assert e.value.reason == "payload"
