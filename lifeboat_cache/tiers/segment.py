@@ -224,7 +224,7 @@ class SegmentDir:
             self._rebuild()
         polling = self._changes is not None and self._changes.active and not self.read_only
         next_refresh = time.monotonic() + self.refresh_interval_s
-        wait = self.refresh_interval_s
+        wait = CHANGE_POLL_S if polling else self.refresh_interval_s
         while not self._closed.wait(wait):
             try:
                 if time.monotonic() >= next_refresh:
