@@ -241,9 +241,6 @@ class SegmentDir:
             left = max(0.0, next_refresh - time.monotonic())
             wait = min(CHANGE_POLL_S, left) if polling else left
 
-    # read by the index thread only; a catch-up is the one place besides _refresh that scans
-    walks_open_foreign = True  # shared_fs: other hosts' open segments are never walked
-
     def _catch_up(self) -> None:
         """Index what other processes of this host wrote since the counter last changed.
 
@@ -259,12 +256,15 @@ class SegmentDir:
         if listing:
             self._refresh(initial=False)
             return
-        if not self.walks_open_foreign:
-            return
         with self._lock:
-            grown = [u for u in self._units.values() if not u.own and not u.sealed and not u.dropped]
+            grown = [u for u in self._units.values()
+                     if not u.own and not u.sealed and not u.dropped and self._catches_up(u)]
         for u in grown:
             self._scan(u)
+
+    def _catches_up(self, unit: _Unit) -> bool:
+        """Whether a catch-up rescans this open segment of another process (shared_fs: same host only)."""
+        return True
 
     def _heartbeat(self) -> None:
         """Show other hosts that this process is alive (shared_fs); nothing to do on a local directory."""

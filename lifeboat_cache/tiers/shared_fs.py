@@ -5,11 +5,13 @@ writer per segment file (host and pid in its name), and nothing relies on cross-
 
 What differs from `local`, and why:
 * Close-to-open. NFS only promises that a reader sees what a writer wrote if the reader opens the
-  file after the writer closed it. So another writer's segment is indexed only once it is sealed
+  file after the writer closed it. So another host's segment is indexed only once it is sealed
   (trailer written, fdatasync'ed, closed), and it is opened afresh after the seal is seen; an
-  unsealed foreign segment is only probed (open, stat, read the footer, close), never walked.
-  A writer seals after `seal_after_s` (default 2 s), so pages reach other hosts within about
-  `seal_after_s + refresh_interval_s`; the writer itself sees them at once.
+  unsealed segment of another host is only probed (open, stat, read the footer, close), never
+  walked. A writer seals after `seal_after_s` (default 2 s), so pages reach other hosts within
+  about `seal_after_s + refresh_interval_s`; the writer itself sees them at once. Processes of the
+  same host (same host name in the segment name) share one NFS client page cache: their open
+  segments are walked as on `local`, prompted by the change counter (changes.py) within ms.
 * Commit order. Records are fdatasync'ed before the trailer is written, so a valid trailer can
   never be visible on the server ahead of the records it lists.
 * Crashed or paused writers. A segment on this host whose writer pid is dead is sealed at open (as
@@ -62,7 +64,12 @@ class SharedSegmentDir(SegmentDir):
         self._last_beat = 0.0
         self.counters.update(foreign_unsealed=0, foreign_abandoned=0, foreign_revived=0, stale_handles=0)
 
-    walks_open_foreign = False  # close-to-open: another host's open segment is probed, never walked
+    def _same_host(self, unit: _Unit) -> bool:
+        parsed = parse_name(unit.name)
+        return parsed is not None and parsed[0] == self._tag.split("-")[0]
+
+    def _catches_up(self, unit: _Unit) -> bool:
+        return self._same_host(unit)  # another host's writes never bump this host's counter
 
     def _heartbeat(self) -> None:
         """Touch this process's open segments so readers never abandon a live writer's idle segment."""
@@ -110,8 +117,8 @@ class SharedSegmentDir(SegmentDir):
         return False
 
     def _scan(self, unit: _Unit) -> None:
-        if unit.own or unit.sealed:
-            return super()._scan(unit)
+        if unit.own or unit.sealed or self._same_host(unit):
+            return super()._scan(unit)  # same host: one page cache, walked as on a local directory
         seen = self._seen.get(unit.name)
         if (unit.name in self._abandoned and seen is not None
                 and seen[0] == self._listed_sig.get(unit.name)):
