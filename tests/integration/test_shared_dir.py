@@ -450,3 +450,44 @@ def test_same_host_visibility_under_load(tmp_path: Path, kind: str) -> None:
     lat = _same_host_latencies(tmp_path / "store", n=2000, writers=3, interval=0.002, kind=kind)
     _report(lat, f"same-host visibility, 3 writers ({kind})")
     assert float(np.percentile(lat, 99)) < 1.0
+
+
+@pytest.mark.stress
+def test_writers_paused_again_and_again_lose_no_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three writers on other hosts, each stopped past the abandonment time and resumed four times,
+    writing between pauses; the reader's gc runs all along. Every page is served in the end."""
+    import signal
+    root = tmp_path / "store"
+    writers = [Controlled("nfs", root, f"host{w}", 3600, 0.1, 0) for w in range(3)]
+    st = None
+    try:
+        st = _reader(root, monkeypatch)
+        d = st.tiers[0].dirs[0]
+        n = 0
+        for cycle in range(4):
+            for w in writers:  # each writer writes its own slice of keys (same page contents per key)
+                w.send(f"put {n} {n + 24}")
+                n += 24
+            for w in writers:
+                w.reply()
+                w.proc.send_signal(signal.SIGSTOP)
+            keys = [f"p-{i}" for i in range(n)]
+            assert _wait_exists(st, keys, 20 * ABANDON_AFTER_S) == n, f"cycle {cycle}: stopped writers' pages hidden"
+            for w in writers:
+                w.proc.send_signal(signal.SIGCONT)
+            time.sleep(HEARTBEAT_S * 3)
+        for w in writers:
+            w.send("close")
+            w.reply()
+        keys = [f"p-{i}" for i in range(n)]
+        assert _wait_exists(st, keys, 10) == n
+        _check_pages(st, keys)
+        assert d.counters["foreign_revived"] > 0 and st.verify() == []
+        print(f"\npaused writers: {n} pages, abandoned {d.counters['foreign_abandoned']} times, "
+              f"revived {d.counters['foreign_revived']} times")
+    finally:
+        for w in writers:
+            w.proc.send_signal(signal.SIGCONT)
+            w.stop()
+        if st is not None:
+            st.close()
