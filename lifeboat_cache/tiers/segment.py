@@ -48,7 +48,8 @@ ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long,
 OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
 DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
-CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (a memory read)
+CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (a memory read) while busy
+CHANGE_POLL_IDLE_S = 0.02  # ... and after a second without any change (idle CPU: ~0.2% of a core per directory)
 
 
 @dataclass
@@ -139,6 +140,7 @@ class SegmentDir:
         self._listed_sig: dict[str, tuple[int, int]] = {}  # segment name -> (size, st_mtime_ns) listed
         self._changes: ChangeCounter | None = None
         self._seen_changes = (0, 0)
+        self._last_change = 0.0  # monotonic time the counter last changed (the poll speeds up)
         self.counters: dict[str, int] = {
             "change_catch_ups": 0,
             "scan_records": 0, "scan_torn": 0, "scan_damaged_bytes": 0, "evicted_segments": 0,
@@ -238,8 +240,10 @@ class SegmentDir:
                 self._heartbeat()
             except Exception:
                 log.exception("lifeboat: index refresh of %s failed", self.path)
-            left = max(0.0, next_refresh - time.monotonic())
-            wait = min(CHANGE_POLL_S, left) if polling else left
+            now = time.monotonic()
+            left = max(0.0, next_refresh - now)
+            poll = CHANGE_POLL_S if now - self._last_change < 1.0 else CHANGE_POLL_IDLE_S
+            wait = min(poll, left) if polling else left
 
     def _catch_up(self) -> None:
         """Index what other processes of this host wrote since the counter last changed.
@@ -252,6 +256,7 @@ class SegmentDir:
             return
         listing = now[1] != self._seen_changes[1]
         self._seen_changes = now  # before scanning: a change during the scan is seen next time
+        self._last_change = time.monotonic()
         self.counters["change_catch_ups"] += 1
         if listing:
             self._refresh(initial=False)
