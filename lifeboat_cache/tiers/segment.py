@@ -318,6 +318,8 @@ class SegmentDir:
 
     def _refresh(self, initial: bool) -> None:
         """Reconcile the unit table with the directory listing and index what is new."""
+        with self._lock:
+            known = self._next_unit  # a unit added after the listing began cannot be missing from it
         try:
             listing = self._list()
         except OSError as e:
@@ -325,7 +327,8 @@ class SegmentDir:
             return
         with self._lock:
             own_names = {w.unit.name for w in self._writers if w is not None}
-            gone = [u for u in self._units.values() if u.name not in listing and u.name not in own_names]
+            gone = [u for u in self._units.values()
+                    if u.name not in listing and u.name not in own_names and u.id < known]
         for u in gone:
             self._drop(u)
         for name in sorted(listing):
