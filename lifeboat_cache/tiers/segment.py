@@ -48,7 +48,7 @@ ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long,
 OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
 DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
-CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (a memory read) while busy
+CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (one pread) while busy
 CHANGE_POLL_IDLE_S = 0.02  # ... and after a second without any change (idle CPU: ~0.2% of a core per directory)
 
 
@@ -149,7 +149,7 @@ class SegmentDir:
             "snapshot_dropped_entries": 0, "snapshot_mismatched_units": 0}
         if not read_only:
             self._check_writable()
-        self._open_changes()
+            self._open_changes()  # a read-only open (stats, ls, verify) neither creates nor polls it
         if capacity_bytes is None:
             capacity_bytes = min(AUTO_CAPACITY_MAX_BYTES, (self._free_bytes() + self._disk_bytes()) // 2)
         self.capacity_bytes = capacity_bytes
@@ -170,7 +170,7 @@ class SegmentDir:
     def _open_changes(self) -> None:
         """Map the directory's change counter (changes.py); without it, only the listing refresh finds pages."""
         try:
-            self._changes = ChangeCounter(self.path, create=not self.read_only, file_mode=self.file_mode)
+            self._changes = ChangeCounter(self.path, create=True, file_mode=self.file_mode)
         except (OSError, ValueError) as e:
             self._changes = None
             self._log_once("changes", "lifeboat: %s: no change counter (%s); other processes' pages appear "
