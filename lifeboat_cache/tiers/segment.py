@@ -31,6 +31,7 @@ from ..index import Index, Loc
 from . import inspection
 from . import quarantine as qlist
 from . import recovery
+from .changes import SEGMENTS, ChangeCounter
 from . import snapshot as snap
 from .segfile import (  # noqa: F401  (re-exported: s3.py and tests import the format from here)
     DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, FOOTER_SIZE, SEGMENT_SUFFIX, TABLE_ENTRY, TABLE_MAGIC, Entry,
@@ -47,6 +48,8 @@ ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long,
 OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
 DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
+CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (one pread) while busy
+CHANGE_POLL_IDLE_S = 0.02  # ... and after a second without any change (idle CPU: ~0.2% of a core per directory)
 
 
 @dataclass
@@ -134,13 +137,19 @@ class SegmentDir:
         self._closed = threading.Event()
         self._rebuilt = threading.Event()
         self._thread: threading.Thread | None = None
+        self._listed_sig: dict[str, tuple[int, int]] = {}  # segment name -> (size, st_mtime_ns) listed
+        self._changes: ChangeCounter | None = None
+        self._seen_changes = (0, 0)
+        self._last_change = 0.0  # monotonic time the counter last changed (the poll speeds up)
         self.counters: dict[str, int] = {
+            "change_catch_ups": 0,
             "scan_records": 0, "scan_torn": 0, "scan_damaged_bytes": 0, "evicted_segments": 0,
             "evicted_bytes": 0, "sealed_segments": 0, "seal_failures": 0, "rebuild_ms": 0,
             "foreign_files": 0, "quarantine_bad_lines": 0, "snapshot_discarded": 0,
             "snapshot_dropped_entries": 0, "snapshot_mismatched_units": 0}
         if not read_only:
             self._check_writable()
+            self._open_changes()  # a read-only open (stats, ls, verify) neither creates nor polls it
         if capacity_bytes is None:
             capacity_bytes = min(AUTO_CAPACITY_MAX_BYTES, (self._free_bytes() + self._disk_bytes()) // 2)
         self.capacity_bytes = capacity_bytes
@@ -157,6 +166,15 @@ class SegmentDir:
         except OSError as e:
             raise OSError(e.errno, f"store directory {self.path} is not writable ({e.strerror}); "
                                    "fix the path in lifeboat.yaml (storage[].path) or its permissions") from None
+
+    def _open_changes(self) -> None:
+        """Map the directory's change counter (changes.py); without it, only the listing refresh finds pages."""
+        try:
+            self._changes = ChangeCounter(self.path, create=True, file_mode=self.file_mode)
+        except (OSError, ValueError) as e:
+            self._changes = None
+            self._log_once("changes", "lifeboat: %s: no change counter (%s); other processes' pages appear "
+                                      "on the listing refresh only", self.path, e)
 
     def _free_bytes(self) -> int:
         p = self.path
@@ -206,12 +224,59 @@ class SegmentDir:
     def _run(self) -> None:
         if not self._rebuilt.is_set():
             self._rebuild()
-        while not self._closed.wait(self.refresh_interval_s):
+        polling = self._changes is not None and self._changes.active and not self.read_only
+        next_refresh = time.monotonic() + self.refresh_interval_s
+        wait = CHANGE_POLL_S if polling else self.refresh_interval_s
+        while not self._closed.wait(wait):
             try:
-                self._refresh(initial=False)
-                self._maybe_time_seal()
+                if time.monotonic() >= next_refresh:
+                    if polling:
+                        self._seen_changes = self._changes.read()  # type: ignore[union-attr]
+                    self._refresh(initial=False)
+                    self._maybe_time_seal()
+                    next_refresh = time.monotonic() + self.refresh_interval_s
+                elif polling:
+                    self._catch_up()
+                self._heartbeat()
             except Exception:
                 log.exception("lifeboat: index refresh of %s failed", self.path)
+            now = time.monotonic()
+            left = max(0.0, next_refresh - now)
+            poll = CHANGE_POLL_S if now - self._last_change < 1.0 else CHANGE_POLL_IDLE_S
+            wait = min(poll, left) if polling else left
+
+    def _catch_up(self) -> None:
+        """Index what other processes of this host wrote since the counter last changed.
+
+        A changed segments word (a segment created or sealed) costs one listing; a changed writes word
+        only rescans the open segments of other processes already known, reading their new bytes.
+        """
+        now = self._changes.read() if self._changes is not None else (0, 0)
+        if now == self._seen_changes:
+            return
+        listing = now[1] != self._seen_changes[1]
+        self._seen_changes = now  # before scanning: a change during the scan is seen next time
+        self._last_change = time.monotonic()
+        self.counters["change_catch_ups"] += 1
+        if listing:
+            self._refresh(initial=False)
+            return
+        with self._lock:
+            grown = [u for u in self._units.values()
+                     if not u.own and not u.sealed and not u.dropped and self._catches_up(u)]
+        for u in grown:
+            self._scan(u)
+
+    def _catches_up(self, unit: _Unit) -> bool:
+        """Whether a catch-up rescans this open segment of another process (shared_fs: same host only)."""
+        return True
+
+    def _heartbeat(self) -> None:
+        """Show other hosts that this process is alive (shared_fs); nothing to do on a local directory."""
+
+    def _changed(self, segments: bool = False) -> None:
+        if self._changes is not None:
+            self._changes.bump(SEGMENTS if segments else 0)
 
     def _disk_bytes(self) -> int:
         try:
@@ -234,7 +299,10 @@ class SegmentDir:
                     continue
                 try:
                     regular = e.is_file(follow_symlinks=False)
-                    size = e.stat(follow_symlinks=False).st_size if regular else 0
+                    st = e.stat(follow_symlinks=False) if regular else None
+                    size = st.st_size if st is not None else 0
+                    if st is not None:
+                        self._listed_sig[e.name] = (st.st_size, st.st_mtime_ns)
                 except FileNotFoundError:
                     continue
                 if not regular or parse_name(e.name) is None:
@@ -250,6 +318,8 @@ class SegmentDir:
 
     def _refresh(self, initial: bool) -> None:
         """Reconcile the unit table with the directory listing and index what is new."""
+        with self._lock:
+            known = self._next_unit  # a unit added after the listing began cannot be missing from it
         try:
             listing = self._list()
         except OSError as e:
@@ -257,7 +327,8 @@ class SegmentDir:
             return
         with self._lock:
             own_names = {w.unit.name for w in self._writers if w is not None}
-            gone = [u for u in self._units.values() if u.name not in listing and u.name not in own_names]
+            gone = [u for u in self._units.values()
+                    if u.name not in listing and u.name not in own_names and u.id < known]
         for u in gone:
             self._drop(u)
         for name in sorted(listing):
@@ -341,7 +412,8 @@ class SegmentDir:
             young = False
             for off, _ in w.damaged:
                 young |= now - unit.damage_seen.setdefault(off, now) < DAMAGE_HEAL_S
-            unit.scanned, unit.walked = (w.resume_at if young else w.end), size
+            # young damage: rewalk on the next scan even if the size stays (the hole may be filled in place)
+            unit.scanned, unit.walked = (w.resume_at if young else w.end), (-1 if young else size)
         except OSError as e:
             self._log_once(f"scan:{unit.name}", "lifeboat: scan of %s failed: %s", unit.path, e)
         finally:
@@ -420,6 +492,7 @@ class SegmentDir:
             if unit.dropped:
                 return
             unit.dropped = True
+            self._listed_sig.pop(unit.name, None)
             self._units.pop(unit.id, None)
             self._by_name.pop(unit.name, None)
             if unit.readers == 0 and unit.fd is not None:
@@ -460,6 +533,7 @@ class SegmentDir:
                 self._finish_seal(w)
         loc = Loc(w.unit.id, off, length)
         self.index.insert(ikey, loc)
+        self._changed()  # write, index, then tell the other processes of this host
         if rolled:  # a segment was opened for this one: enforce the capacity bound now
             self._auto_gc()
         return loc
@@ -484,6 +558,7 @@ class SegmentDir:
             fd = open_file(self.path / name, os.O_RDWR | os.O_CREAT, self.file_mode)
             unit = self._add_unit(name, own=True)
             w = self._writers[stripe] = _Writer(unit, fd, time.monotonic())
+            self._changed(segments=True)
         return w
 
     def _start_seal(self, w: _Writer) -> None:
@@ -519,6 +594,7 @@ class SegmentDir:
                 os.fdatasync(w.fd)
             unit.size = unit.scanned = unit.walked = size
             self.counters["sealed_segments"] += 1
+            self._changed(segments=True)
         except OSError as e:
             self.counters["seal_failures"] += 1
             self._log_once(f"seal:{e.errno}", "lifeboat: sealing %s failed (%s); its records stay indexed, the "
@@ -648,8 +724,7 @@ class SegmentDir:
             with self._lock:
                 if self._projected_bytes() <= limit:
                     return freed
-                victims = sorted((u for u in self._units.values() if u.sealed and not u.own),
-                                 key=lambda u: u.name)
+                victims = sorted((u for u in self._units.values() if self._evictable(u)), key=lambda u: u.name)
                 if not victims:
                     if sealed_early:
                         return freed
@@ -671,6 +746,10 @@ class SegmentDir:
             freed += victim.size
             self.counters["evicted_segments"] += 1
             self.counters["evicted_bytes"] += victim.size
+
+    def _evictable(self, unit: _Unit) -> bool:
+        """Sealed segments only: another process's open segment is never unlinked (shared_fs widens this)."""
+        return unit.sealed and not unit.own
 
     def describe(self) -> list[dict[str, int | str | bool]]:
         """Per segment: records, stored and raw bytes (see inspection.describe)."""
@@ -830,6 +909,8 @@ class SegmentDir:
                 if u.fd is not None:
                     os.close(u.fd)
                     u.fd = None
+        if self._changes is not None:
+            self._changes.close()
 
 
 def _subset(keys: np.ndarray, offs: np.ndarray, lens: np.ndarray, table: np.ndarray) -> bool:

@@ -5,17 +5,27 @@ writer per segment file (host and pid in its name), and nothing relies on cross-
 
 What differs from `local`, and why:
 * Close-to-open. NFS only promises that a reader sees what a writer wrote if the reader opens the
-  file after the writer closed it. So another writer's segment is indexed only once it is sealed
+  file after the writer closed it. So another host's segment is indexed only once it is sealed
   (trailer written, fdatasync'ed, closed), and it is opened afresh after the seal is seen; an
-  unsealed foreign segment is only probed (open, stat, read the footer, close), never walked.
-  A writer seals after `seal_after_s` (default 2 s), so pages reach other hosts within about
-  `seal_after_s + refresh_interval_s`; the writer itself sees them at once.
+  unsealed segment of another host is only probed (open, stat, read the footer, close), never
+  walked. A writer seals after `seal_after_s` (default 2 s), so pages reach other hosts within
+  about `seal_after_s + refresh_interval_s`; the writer itself sees them at once. Processes of the
+  same host (same host name in the segment name) share one NFS client page cache: their open
+  segments are walked as on `local`, prompted by the change counter (changes.py) within ms.
 * Commit order. Records are fdatasync'ed before the trailer is written, so a valid trailer can
   never be visible on the server ahead of the records it lists.
-* Crashed writers. A segment on this host whose writer pid is dead is sealed at open (as for
-  `local`). A foreign segment that has stopped growing for `stale_unsealed_s` is walked record by
-  record (each CRC-checked, stopping at the torn tail) and then treated as sealed, so its pages
-  are served and the segment can be evicted.
+* Crashed or paused writers. A segment on this host whose writer pid is dead is sealed at open (as
+  for `local`). A writer touches its open segments every `HEARTBEAT_S` (their mtime changes, even
+  when idle); a foreign unsealed segment whose (size, mtime) has not changed for `ABANDON_AFTER_S`,
+  timed on the reader's own monotonic clock, is abandoned: walked record by record (each
+  CRC-checked, stopping at the torn tail) and served. Both are protocol constants, never settings,
+  so hosts with different `seal_after_s` / `refresh_interval_s` or skewed clocks agree. An abandoned
+  segment is still probed (only when the listing shows a new size or mtime): if it grows, gets a
+  heartbeat or a trailer (a writer resumed after SIGSTOP, a long GC pause), it is live again and its
+  new pages are indexed like any other. Capacity gc unlinks a foreign unsealed segment only after
+  `EVICT_ABANDONED_S` without any change, so a live host's open segment is never evicted.
+* Same-host processes. The change counter (changes.py) tells the other processes of this host at
+  once when a segment is sealed or created here, so they list without waiting for the refresh.
 * Eviction races. Another host may evict (unlink) a segment this host has open; a read then fails
   with ESTALE, which is a stale location (a miss), not a tier failure.
 """
@@ -35,7 +45,10 @@ from .segment import SegmentDir, _Unit
 
 log = logging.getLogger(__name__)
 
-MIN_STALE_UNSEALED_S = 60.0
+# protocol constants, identical on every host (never derived from settings other hosts may not share)
+HEARTBEAT_S = 5.0  # a writer touches its open segments this often
+ABANDON_AFTER_S = 60.0  # no size/mtime change this long (12 missed heartbeats): walk and serve it
+EVICT_ABANDONED_S = 900.0  # no change this long: capacity gc may unlink it
 
 
 class SharedSegmentDir(SegmentDir):
@@ -43,12 +56,53 @@ class SharedSegmentDir(SegmentDir):
 
     def __init__(self, *args: Any, stale_unsealed_s: float | None = None, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        seal_s = self.seal_after_s if self.seal_after_s is not None else 2.0
-        # a live writer seals within seal_after_s + one refresh; far longer without growth = crashed
-        self.stale_unsealed_s = (stale_unsealed_s if stale_unsealed_s is not None
-                                 else max(MIN_STALE_UNSEALED_S, 10 * (seal_s + self.refresh_interval_s)))
-        self._seen: dict[str, tuple[int, float]] = {}  # foreign unsealed: (size, when first seen at it)
-        self.counters.update(foreign_unsealed=0, foreign_abandoned=0, stale_handles=0)
+        self.stale_unsealed_s = ABANDON_AFTER_S if stale_unsealed_s is None else stale_unsealed_s
+        self.evict_abandoned_s = max(EVICT_ABANDONED_S, self.stale_unsealed_s)
+        # foreign unsealed: ((size, mtime_ns), monotonic time first seen with it)
+        self._seen: dict[str, tuple[tuple[int, int], float]] = {}
+        self._abandoned: set[str] = set()
+        self._last_beat = 0.0
+        self.counters.update(foreign_unsealed=0, foreign_abandoned=0, foreign_revived=0, stale_handles=0)
+
+    def _same_host(self, unit: _Unit) -> bool:
+        parsed = parse_name(unit.name)
+        return parsed is not None and parsed[0] == self._tag.split("-")[0]
+
+    def _catches_up(self, unit: _Unit) -> bool:
+        return self._same_host(unit)  # another host's writes never bump this host's counter
+
+    def _heartbeat(self) -> None:
+        """Touch this process's open segments so readers never abandon a live writer's idle segment."""
+        now = time.monotonic()
+        if self.read_only or now - self._last_beat < HEARTBEAT_S:
+            return
+        self._last_beat = now
+        with self._lock:  # a seal closes the fd under the same lock
+            for w in self._writers:
+                if w is not None and w.fd >= 0 and not w.sealing:
+                    try:
+                        os.utime(w.fd)
+                    except OSError as e:
+                        self._log_once(f"beat:{e.errno}", "lifeboat: cannot touch %s: %s", w.unit.path, e)
+
+    def _evictable(self, unit: _Unit) -> bool:
+        if super()._evictable(unit):
+            return True
+        seen = self._seen.get(unit.name)
+        return (unit.name in self._abandoned and seen is not None
+                and time.monotonic() - seen[1] >= self.evict_abandoned_s)
+
+    def _fresh_fd(self, unit: _Unit) -> None:
+        """Close the cached fd so the next read opens afresh (close-to-open: see the new bytes)."""
+        with self._lock:
+            if unit.fd is not None and unit.readers == 0:
+                os.close(unit.fd)
+                unit.fd = None
+
+    def _drop(self, unit: _Unit) -> None:
+        self._seen.pop(unit.name, None)
+        self._abandoned.discard(unit.name)
+        super()._drop(unit)
 
     def _writer_dead_here(self, unit: _Unit) -> bool:
         parsed = parse_name(unit.name)
@@ -63,8 +117,12 @@ class SharedSegmentDir(SegmentDir):
         return False
 
     def _scan(self, unit: _Unit) -> None:
-        if unit.own or unit.sealed:
-            return super()._scan(unit)
+        if unit.own or unit.sealed or self._same_host(unit):
+            return super()._scan(unit)  # same host: one page cache, walked as on a local directory
+        seen = self._seen.get(unit.name)
+        if (unit.name in self._abandoned and seen is not None
+                and seen[0] == self._listed_sig.get(unit.name)):
+            return  # abandoned and the listing shows no change: no probe
         try:  # probe with a fresh open (close-to-open revalidation), never a cached fd
             fd = open_file(unit.path, os.O_RDONLY)
         except FileNotFoundError:
@@ -78,7 +136,8 @@ class SharedSegmentDir(SegmentDir):
             log.warning("lifeboat: cannot open %s: %s", unit.path, e)
             return
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size = st.st_size
             sealed = size >= FOOTER_SIZE and parse_footer(os.pread(fd, FOOTER_SIZE, size - FOOTER_SIZE),
                                                           size) is not None
         except OSError as e:
@@ -87,25 +146,39 @@ class SharedSegmentDir(SegmentDir):
         finally:
             os.close(fd)
         unit.size = size
+        sig = (size, st.st_mtime_ns)
         if sealed:
             self._seen.pop(unit.name, None)
+            self._revive(unit, "was sealed by its writer")
             return super()._scan(unit)
         now = time.monotonic()
         prev = self._seen.get(unit.name)
-        if prev is None or prev[0] != size:
-            self._seen[unit.name] = (size, now)
-            prev = (size, now)
+        if prev is None or prev[0] != sig:  # grew or got a heartbeat: its writer is alive
+            self._seen[unit.name] = prev = (sig, now)
+            self._revive(unit, "changed again")
+        if unit.name in self._abandoned:
+            return
         abandoned = now - prev[1] >= self.stale_unsealed_s
         if not (abandoned or self._writer_dead_here(unit)):
             self.counters["foreign_unsealed"] += 1
             return
+        self._fresh_fd(unit)
         super()._scan(unit)  # CRC-checked walk up to the torn tail
         if abandoned and not unit.sealed:
-            unit.sealed = True  # no longer growing: stop rescanning, let eviction reclaim it
-            self._seen.pop(unit.name, None)
+            self._abandoned.add(unit.name)  # probed again only when the listing shows a change
             self.counters["foreign_abandoned"] += 1
-            log.info("lifeboat: %s: segment %s stopped growing %.0f s ago unsealed; served up to byte %d",
+            log.info("lifeboat: %s: segment %s unchanged for %.0f s, unsealed; serving it up to byte %d",
                      self.path, unit.name, now - prev[1], unit.scanned)
+
+    def _revive(self, unit: _Unit, why: str) -> None:
+        """An abandoned segment whose writer came back (SIGSTOP, a long pause): index its new pages."""
+        if unit.name not in self._abandoned:
+            return
+        self._abandoned.discard(unit.name)
+        self._fresh_fd(unit)
+        unit.walked = -1  # what it has now is read afresh (trailer, or a walk once abandoned again)
+        self.counters["foreign_revived"] += 1
+        log.info("lifeboat: %s: abandoned segment %s %s; indexing its new pages", self.path, unit.name, why)
 
     def _write_trailer(self, fd: int, at: int, entries: Sequence[Entry]) -> int:
         os.fdatasync(fd)  # the records reach the server before the trailer that publishes them
