@@ -225,11 +225,12 @@ def default_cache_dir() -> Path:
     return Path(base) / "lifeboat"
 
 
-_TIER_COMMON = {"type", "capacity", "failure_cooldown_s", "failure_cooldown_max_s", "compression", "max_age"}
+_TIER_COMMON = {"type", "capacity", "failure_cooldown_s", "failure_cooldown_max_s", "compression"}
 _TIER_KEYS = {
     "local": _TIER_COMMON | {"path", "paths", "segment_size", "affinity_chunks", "refresh_interval_s",
-                             "file_mode", "dir_mode"},
-    "nfs": _TIER_COMMON | {"path", "segment_size", "refresh_interval_s", "seal_after_s", "file_mode", "dir_mode"},
+                             "file_mode", "dir_mode", "max_age"},
+    "nfs": _TIER_COMMON | {"path", "segment_size", "refresh_interval_s", "seal_after_s", "file_mode", "dir_mode",
+                           "max_age"},
     "s3": _TIER_COMMON | {"bucket", "prefix", "endpoint_url", "region", "connect_timeout_s",
                           "read_timeout_s", "max_attempts", "refresh_interval_s", "retry_mode",
                           "addressing_style", "verify", "ca_bundle", "profile", "access_key_id_env",

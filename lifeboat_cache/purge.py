@@ -102,8 +102,7 @@ def check_writable(settings: Settings) -> None:
     for ts in settings.storage:
         for p in ts.paths:
             if not Path(p).is_dir():
-                raise PurgeError(f"store directory {p} does not exist: nothing to purge there (check "
-                                 "storage[].path in lifeboat.yaml)")
+                continue  # never written: nothing to purge there
             if not os.access(p, os.W_OK | os.X_OK):
                 raise PurgeError(f"store directory {p} is read-only for this user: a purge must record "
                                  "its rules there and remove files; run it as the store's owner")
@@ -121,6 +120,8 @@ def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
     check_writable(settings)
     for ts in settings.storage:
         for p in ts.paths:
+            if not Path(p).is_dir():
+                continue
             try:
                 purgelist.append(Path(p), lines, ts.file_mode)
             except OSError as e:

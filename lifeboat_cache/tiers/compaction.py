@@ -167,6 +167,20 @@ def _sweep(d: "SegmentDir", units: list["_Unit"]) -> None:
         f.swept[u.id] = mark
 
 
+def unpurged(d: "SegmentDir", name: str, fd: int, entries: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The (key, offset, length) rows of a segment that no purge rule covers (for `verify`)."""
+    f = d.purge
+    if not f.active or not entries:
+        return entries
+    ms = unit_ms(name)
+    out = []
+    for k, o, n in entries:
+        ns = os.pread(fd, codec.HEADER_SIZE, o)[NS_AT:NS_AT + 16]
+        if not (len(ns) == 16 and f.blocks(ms, ns)):
+            out.append((k, o, n))
+    return out
+
+
 def _unlink_unit(d: "SegmentDir", u: "_Unit") -> int:
     try:
         os.unlink(u.path)

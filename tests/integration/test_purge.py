@@ -375,3 +375,16 @@ def test_purge_on_read_only_store_is_a_clear_error(tmp_path: Path) -> None:
             d.chmod(0o700)
     assert rc == 2 and "read-only" in err and str(d) in err, err
     assert served(cfg, "alpha", 0, 4) == (4, [True] * 4)
+
+
+def test_verify_after_purge_reports_no_problem(tmp_path: Path) -> None:
+    """Purged records still on disk (before gc) are not 'missing from the index', and --fix keeps them out."""
+    cfg = config(tmp_path)
+    run_writer(tmp_path, cfg, 10, "alpha:0", "beta:0")
+    assert main(["purge", "--config", str(cfg), "--model", "alpha"]) == 0
+    rc, out, err = cli("verify", "--config", str(cfg), "--quiet")
+    assert rc == 0 and "0 bad" in out, out + err
+    rc, out, err = cli("verify", "--config", str(cfg), "--quiet", "--fix")
+    assert rc == 0, out + err
+    assert served(cfg, "alpha", 0, 10) == (0, [False] * 10)
+    assert served(cfg, "beta", 0, 10) == (10, [True] * 10)
