@@ -59,6 +59,7 @@ class PurgeFilter:
         self.purged_pages = 0
         self.evicted_aged = 0
         self.bad_lines = 0
+        self.reload()  # before any read: a process opening with a background rebuild never serves purged pages
 
     def reload(self) -> bool:
         """Re-read purge.list if it changed (stat only otherwise). Returns True when rules changed."""
