@@ -333,8 +333,9 @@ def _rewrite(d: "SegmentDir", u: "_Unit", fd: int, table: np.ndarray, live: np.n
         nu = d._add_unit(name)
         nu.size = nu.scanned = nu.walked = new_size
         nu.sealed = True
-    for key, old, new in moved:
-        if d.index.get(key) == old:
+    now = d.index.get_many(np.array([m[0] for m in moved], np.int64)) if moved else []
+    for (key, old, new), cur in zip(moved, now):
+        if cur == old:  # not overwritten or dropped meanwhile
             d.index.insert(key, Loc(nu.id, new.offset, new.length))
     out["freed_bytes"] += _unlink_unit(d, u) - new_size
     _fsync_dir(d.path)
