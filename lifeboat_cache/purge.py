@@ -89,9 +89,12 @@ def _model_matches(asked: str, label: str) -> bool:
     return a == lab or lab.endswith("/" + a) or Path(lab).name == a
 
 
-def rule_lines(req: PurgeRequest, now: float | None = None) -> list[dict[str, object]]:
+def rule_lines(req: PurgeRequest, now: float | None = None, newest_ms: int = 0) -> list[dict[str, object]]:
+    """purge.list lines. A namespace rule covers every segment that exists now: `newest_ms` (the newest
+    segment name in the directory) covers a writer whose clock runs ahead of this host's."""
     now_ms = int((time.time() if now is None else now) * 1000) + 1  # covers segments created this ms
-    lines: list[dict[str, object]] = [{"namespace": ns.hex(), "before_ms": now_ms} for ns in req.namespaces]
+    cut = max(now_ms, newest_ms + 1)
+    lines: list[dict[str, object]] = [{"namespace": ns.hex(), "before_ms": cut} for ns in req.namespaces]
     if req.older_than_s is not None:
         lines.append({"age_before_ms": now_ms - int(req.older_than_s * 1000)})
     return lines
@@ -123,7 +126,7 @@ def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
             if not Path(p).is_dir():
                 continue
             try:
-                purgelist.append(Path(p), lines, ts.file_mode)
+                purgelist.append(Path(p), rule_lines(req, newest_ms=_newest_segment_ms(Path(p))), ts.file_mode)
             except OSError as e:
                 raise PurgeError(f"cannot record the purge in {p}: {e.strerror or e}; run it as the store's "
                                  "owner on a writable store") from None
@@ -143,6 +146,16 @@ def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
                 t.update(s3_purge.purge_objects(tier, lines))
             report["tiers"].append(t)
     return report
+
+
+def _newest_segment_ms(directory: Path) -> int:
+    from .tiers.compaction import unit_ms
+    from .tiers.segfile import SEGMENT_SUFFIX
+
+    try:
+        return max((unit_ms(e.name) for e in os.scandir(directory) if e.name.endswith(SEGMENT_SUFFIX)), default=0)
+    except OSError:
+        return 0
 
 
 def compact_tier(tier: Any, below: float | None = None) -> dict[str, int]:

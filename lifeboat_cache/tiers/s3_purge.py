@@ -44,10 +44,13 @@ def purge_objects(tier: "S3Tier", lines: list[dict[str, object]]) -> dict[str, A
     from . import s3 as s3mod
 
     rules = rules_of(lines)
-    ns_cut = max(rules.namespaces.values(), default=0)
     out = {"objects_deleted": 0, "objects_rewritten": 0, "purged_pages": 0, "errors": 0}
     with tier._lock:
         objs = sorted(tier._objs.values(), key=lambda o: o.name)
+    newest = max((p[0] for p in map(s3mod._parse_name, (o.name for o in objs)) if p), default=0)
+    for ns, before in rules.namespaces.items():  # every object that exists now, whatever its writer's clock
+        rules.namespaces[ns] = max(before, newest + 1)
+    ns_cut = max(rules.namespaces.values(), default=0)
     for obj in objs:
         parsed = s3mod._parse_name(obj.name)
         if parsed is None:

@@ -389,3 +389,16 @@ def test_verify_after_purge_reports_no_problem(tmp_path: Path) -> None:
     assert rc == 0, out + err
     assert served(cfg, "alpha", 0, 10) == (0, [False] * 10)
     assert served(cfg, "beta", 0, 10) == (10, [True] * 10)
+
+
+def test_namespace_purge_covers_a_writer_whose_clock_runs_ahead(tmp_path: Path) -> None:
+    """A segment named 60 s in the future (a skewed host) that exists at purge time is still covered."""
+    cfg = config(tmp_path)
+    run_writer(tmp_path, cfg, 10, "alpha:0")
+    d = tmp_path / "store"
+    for p in d.glob("*.seg"):
+        ms, rest = p.name.split("-", 1)
+        p.rename(d / f"{int(ms) + 60_000:013d}-{rest}")
+    assert main(["purge", "--config", str(cfg), "--model", "alpha", "--gc"]) == 0
+    assert served(cfg, "alpha", 0, 10) == (0, [False] * 10)
+    assert on_disk(d, "alpha0", 10) == 0
