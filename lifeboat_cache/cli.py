@@ -151,7 +151,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0
+        return 1 if any(t.get("errors") for t in report["tiers"]) else 0
     for ns, labels in report["namespaces"].items():
         lab = ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "no labels in the stats files"
         print(f"purge: namespace {ns} ({lab})")
@@ -164,6 +164,12 @@ def cmd_purge(args: argparse.Namespace) -> int:
             c = t["compaction"]
             print(f"purge: {t['tier']}: compacted: {c['rewritten']} rewritten, {c['removed']} removed, "
                   f"{_fmt_bytes(c['freed_bytes'])} freed, {c['skipped_unsealed']} open segment(s) skipped")
+    failed = [t for t in report["tiers"] if t.get("errors")]
+    for t in failed:
+        print(f"lifeboat: purge: INCOMPLETE on {t['tier']}: {t['errors']} object(s) or listing failed "
+              "(see the log above); run the same purge again", file=sys.stderr)
+    if failed:
+        return 1
     print("purge: no longer served by this process; other processes stop serving within their "
           "refresh_interval_s (default 1 s); " + ("bytes removed from sealed segments" if args.gc else
                                                   "run `lifeboat gc` to remove the bytes from disk"))

@@ -40,35 +40,42 @@ def _blocks(rules: PurgeRules, ms: int, ns: bytes) -> bool:
 
 
 def purge_objects(tier: "S3Tier", lines: list[dict[str, object]]) -> dict[str, Any]:
-    """Apply purge rules to every object of the tier now. Returns counts."""
+    """Apply purge rules to every object of the bucket now (its own listing, not the index: an object
+    whose trailer this process could not read is purged too). Returns counts; `errors` > 0 means
+    the purge is incomplete (run it again)."""
     from . import s3 as s3mod
 
     rules = rules_of(lines)
     out = {"objects_deleted": 0, "objects_rewritten": 0, "purged_pages": 0, "errors": 0}
-    with tier._lock:
-        objs = sorted(tier._objs.values(), key=lambda o: o.name)
-    newest = max((p[0] for p in map(s3mod._parse_name, (o.name for o in objs)) if p), default=0)
+    try:
+        listing = tier._list(tier.data_prefix)
+    except OSError as e:
+        log.warning("lifeboat: purge cannot list %s: %s", tier.name, e)
+        out["errors"] += 1
+        return out
+    named = sorted((p[0], p[1], name, size) for name, size in listing.items()
+                   if (p := s3mod._parse_name(name)) is not None)
+    newest = max((ms for ms, _, _, _ in named), default=0)
     for ns, before in rules.namespaces.items():  # every object that exists now, whatever its writer's clock
         rules.namespaces[ns] = max(before, newest + 1)
     ns_cut = max(rules.namespaces.values(), default=0)
-    for obj in objs:
-        parsed = s3mod._parse_name(obj.name)
-        if parsed is None:
-            continue
-        ms = parsed[0]
+    for ms, count, name, size in named:
         if ms >= max(ns_cut, rules.age_before_ms):
             continue
+        with tier._lock:
+            uid = tier._by_name.get(name)
+            obj = tier._objs.get(uid) if uid is not None else None
         try:
             if ms < rules.age_before_ms:
-                out["purged_pages"] += parsed[1]
-                _delete(tier, obj)
+                out["purged_pages"] += count
+                _delete(tier, name, obj)
                 out["objects_deleted"] += 1
                 continue
-            body = tier._get_range(obj.name, 0, obj.size - 1, background=True)
+            body = tier._get_range(name, 0, size - 1, background=True)
             table = parse_trailer(body, len(body))
             if table is None:
-                log.warning("lifeboat: purge: %s has no valid trailer; deleting it", obj.name)
-                _delete(tier, obj)
+                log.warning("lifeboat: purge: %s has no valid trailer; deleting it", name)
+                _delete(tier, name, obj)
                 out["objects_deleted"] += 1
                 continue
             keep, dropped = [], 0
@@ -86,18 +93,19 @@ def purge_objects(tier: "S3Tier", lines: list[dict[str, object]]) -> dict[str, A
                 out["objects_rewritten"] += 1
             else:
                 out["objects_deleted"] += 1
-            _delete(tier, obj)
+            _delete(tier, name, obj)
         except OSError as e:
             out["errors"] += 1
-            log.warning("lifeboat: purge of %s on %s failed: %s", obj.name, tier.name, e)
+            log.warning("lifeboat: purge of %s on %s failed: %s", name, tier.name, e)
     return out
 
 
-def _delete(tier: "S3Tier", obj: Any) -> None:
-    failed = tier._delete([tier.data_prefix + obj.name])
+def _delete(tier: "S3Tier", name: str, obj: Any) -> None:
+    failed = tier._delete([tier.data_prefix + name])
     if failed:
-        raise OSError(f"could not delete {obj.name}")
-    tier._drop(obj)
+        raise OSError(f"could not delete {name}")
+    if obj is not None:
+        tier._drop(obj)
 
 
 def _rewrite(tier: "S3Tier", obj: Any, ms: int, body: bytes, keep: list[tuple[int, int, int]]) -> None:
@@ -112,7 +120,8 @@ def _rewrite(tier: "S3Tier", obj: Any, ms: int, body: bytes, keep: list[tuple[in
             continue  # never carry a damaged record over
         parts.append(rec)
         entries.append((h.digest, end, n, h.raw_len))
-        moved.append((ikey, Loc(obj.id, off, n), end, n))
+        if obj is not None:
+            moved.append((ikey, Loc(obj.id, off, n), end, n))
         end += n
     if not entries:
         return

@@ -402,3 +402,21 @@ def test_namespace_purge_covers_a_writer_whose_clock_runs_ahead(tmp_path: Path) 
     assert main(["purge", "--config", str(cfg), "--model", "alpha", "--gc"]) == 0
     assert served(cfg, "alpha", 0, 10) == (0, [False] * 10)
     assert on_disk(d, "alpha0", 10) == 0
+
+
+def test_s3_purge_with_server_down_is_reported_incomplete(tmp_path: Path, s3_server) -> None:
+    boto3 = pytest.importorskip("boto3")
+    import uuid
+
+    bucket = f"lb-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_server.endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    cfg = tmp_path / "s3.yaml"
+    cfg.write_text(f"storage:\n  - type: s3\n    bucket: {bucket}\n    prefix: cache/\n    endpoint_url: "
+                   f"{s3_server.endpoint}\n    region: us-east-1\n    connect_timeout_s: 0.5\n"
+                   f"    read_timeout_s: 1\n    max_attempts: 1\nengine:\n  compression: none\n")
+    a = ns_of("alpha", 0)
+    with ChunkStore.open(load_settings(cfg), background=False) as store:
+        assert all(store.put(a, keys("alpha0", 4), [page("alpha0", i) for i in range(4)]))
+    s3_server.stop()
+    rc, _, err = cli("purge", "--config", str(cfg), "--namespace", a.hex())
+    assert rc == 1 and "INCOMPLETE" in err and "again" in err  # never a silent success
