@@ -420,3 +420,38 @@ def test_s3_purge_with_server_down_is_reported_incomplete(tmp_path: Path, s3_ser
     s3_server.stop()
     rc, _, err = cli("purge", "--config", str(cfg), "--namespace", a.hex())
     assert rc == 1 and "INCOMPLETE" in err and "again" in err  # never a silent success
+
+
+def test_compaction_on_a_full_disk_keeps_every_live_page(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs")
+    try:
+        cfg = config(mnt)
+        cfg.write_text(cfg.read_text().replace("256MiB", "6MiB"))
+        run_writer(tmp_path, cfg, 200, "keep:0", "gone:0")  # 3.2 MiB in 1 MiB segments
+        assert main(["purge", "--config", str(cfg), "--model", "gone"]) == 0
+        filler = mnt / "filler"
+        with open(filler, "wb") as f:  # fill the disk to the last block
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        rc, _, err = cli("gc", "--config", str(cfg))
+        assert rc == 0, err
+        assert served(cfg, "keep", 0, 200) == (200, [True] * 200)
+        assert served(cfg, "gone", 0, 200) == (0, [False] * 200)
+        assert not list((mnt / "store").glob(".compact-*"))  # a failed rewrite leaves no temporary file
+        assert on_disk(mnt / "store", "gone0", 200) > 0  # the rewrite did fail: nothing was half-done
+        filler.unlink()
+        rc, _, err = cli("gc", "--config", str(cfg))
+        assert rc == 0, err
+        assert on_disk(mnt / "store", "gone0", 200) == 0
+        assert served(cfg, "keep", 0, 200) == (200, [True] * 200)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
