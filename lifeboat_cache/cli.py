@@ -1,4 +1,4 @@
-"""`lifeboat`: inspect and maintain a store (stats, ls, verify, gc), each with --config."""
+"""`lifeboat`: inspect and maintain a store (stats, ls, verify, gc, purge), each with --config."""
 
 from __future__ import annotations
 
@@ -104,11 +104,89 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from .purge import compact_tier
+
+    below = _parse_share(args.compact_below)
     with _open(args, evict=False) as store:  # evict here, not while opening, so "freed" is the truth
         freed = store.gc()
+        compacted: dict[str, int] = {}
+        for tier in store.tiers:  # then remove purged / dead records' bytes (tiers/compaction.py)
+            if hasattr(tier, "dirs"):
+                for k, v in compact_tier(tier, below).items():
+                    compacted[k] = compacted.get(k, 0) + v
         usage = sum(t.usage_bytes() for t in store.tiers)
+    freed += compacted.get("freed_bytes", 0)
     print(f"gc: freed {_fmt_bytes(freed)}; now using {_fmt_bytes(usage)}")
+    if compacted:
+        print(f"gc: compaction rewrote {compacted['rewritten']} segment(s) ({compacted['kept_records']} live "
+              f"records kept), removed {compacted['removed']}; {compacted['skipped_unsealed']} open segment(s) "
+              "of running writers skipped (compacted by a gc after they seal)")
     return 0
+
+
+def _parse_share(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v <= 1.0:
+        raise ConfigError(f"--compact-below {text!r}: expected a live share between 0 and 1, e.g. 0.5")
+    return v
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    """Remove a model's / namespace's / old pages from every index now; bytes at the next gc."""
+    from .purge import PurgeError, purge, resolve
+
+    if not (args.model or args.namespace or args.older_than):
+        print("lifeboat: purge: give --model M, --namespace N or --older-than AGE (e.g. 7d)", file=sys.stderr)
+        return 2
+    settings = load_settings(args.config)
+    req = resolve(settings, models=args.model, namespaces=args.namespace, older_than=args.older_than)
+    below = _parse_share(args.compact_below)
+    try:
+        report = purge(settings, req, compact_now=args.gc, below=below)
+    except PurgeError as e:
+        print(f"lifeboat: purge: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 1 if any(t.get("errors") for t in report["tiers"]) else 0
+    for ns, labels in report["namespaces"].items():
+        lab = ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "no labels in the stats files"
+        print(f"purge: namespace {ns} ({lab})")
+    if report["older_than_s"] is not None:
+        print(f"purge: every page older than {report['older_than_s']:g} s")
+    for t in report["tiers"]:
+        extra = ", ".join(f"{k} {v}" for k, v in t.items() if k not in ("tier", "compaction"))
+        print(f"purge: {t['tier']}: {extra}")
+        if "compaction" in t:
+            c = t["compaction"]
+            print(f"purge: {t['tier']}: compacted: {c['rewritten']} rewritten, {c['removed']} removed, "
+                  f"{_fmt_bytes(c['freed_bytes'])} freed, {c['skipped_unsealed']} open segment(s) skipped")
+    failed = [t for t in report["tiers"] if t.get("errors")]
+    for t in failed:
+        print(f"lifeboat: purge: INCOMPLETE on {t['tier']}: {t['errors']} object(s) or listing failed "
+              "(see the log above); run the same purge again", file=sys.stderr)
+    if failed:
+        return 1
+    print("purge: no longer served by this process; other processes stop serving within their "
+          "refresh_interval_s (default 1 s); " + ("bytes removed from sealed segments" if args.gc else
+                                                  "run `lifeboat gc` to remove the bytes from disk"))
+    return 0
+
+
+def add_purge_parser(sub: Any) -> None:
+    sp = sub.add_parser("purge", help="remove a model's, namespace's or old pages (bytes at the next gc)")
+    sp.add_argument("--config", help="path to lifeboat.yaml (default: the usual lookup)")
+    sp.add_argument("--model", action="append", help="every namespace of this model (as `lifeboat ls` shows it)")
+    sp.add_argument("--namespace", action="append", help="a namespace fingerprint in hex (`lifeboat ls`)")
+    sp.add_argument("--older-than", help="every page older than this age (e.g. 90m, 24h, 7d)")
+    sp.add_argument("--gc", action="store_true", help="compact now: remove the purged bytes from disk")
+    sp.add_argument("--compact-below", default="0.5", help="with --gc: also rewrite segments whose live "
+                                                           "share is under this (default 0.5)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(func=cmd_purge)
 
 
 # ------------------------------------------------------------------ activity of serving processes
@@ -271,7 +349,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
                             help="quarantine bad records and re-index intact ones missing from the index")
             sp.add_argument("--no-quarantine", action="store_true", help="only report (the default; kept for scripts)")
             sp.add_argument("--quiet", action="store_true", help="no progress bar")
+        if name == "gc":
+            sp.add_argument("--compact-below", default="0.5", help="rewrite sealed segments whose live share "
+                                                                   "is under this, and any holding purged pages")
     add_ls_parser(sub)
+    add_purge_parser(sub)
     from .bench import add_parser as add_bench_parser  # light: the bench sections import lazily
 
     add_bench_parser(sub)

@@ -73,6 +73,7 @@ class TierSettings:
     failure_cooldown_max_s: float | None = None
     compression: str | None = None  # None: engine.compression
     file_mode: int = 0o600  # local / nfs: store files and directories are owner-only by default
+    max_age_s: float | None = None  # pages older than this are neither served nor kept (purge.py)
     dir_mode: int = 0o700
 
 
@@ -227,8 +228,9 @@ def default_cache_dir() -> Path:
 _TIER_COMMON = {"type", "capacity", "failure_cooldown_s", "failure_cooldown_max_s", "compression"}
 _TIER_KEYS = {
     "local": _TIER_COMMON | {"path", "paths", "segment_size", "affinity_chunks", "refresh_interval_s",
-                             "file_mode", "dir_mode"},
-    "nfs": _TIER_COMMON | {"path", "segment_size", "refresh_interval_s", "seal_after_s", "file_mode", "dir_mode"},
+                             "file_mode", "dir_mode", "max_age"},
+    "nfs": _TIER_COMMON | {"path", "segment_size", "refresh_interval_s", "seal_after_s", "file_mode", "dir_mode",
+                           "max_age"},
     "s3": _TIER_COMMON | {"bucket", "prefix", "endpoint_url", "region", "connect_timeout_s",
                           "read_timeout_s", "max_attempts", "refresh_interval_s", "retry_mode",
                           "addressing_style", "verify", "ca_bundle", "profile", "access_key_id_env",
@@ -293,7 +295,24 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
             kw[k] = _parse_float(obj[k], f"{where}.{k}", 0.0, 86400)
     if "compression" in obj:
         kw["compression"] = _parse_choice(obj["compression"], f"{where}.compression", COMPRESSIONS)
+    if obj.get("max_age") is not None:
+        kw["max_age_s"] = parse_age(obj["max_age"], f"{where}.max_age")
     return TierSettings(**kw)
+
+
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(value: Any, where: str) -> float:
+    """'90s', '30m', '24h', '7d', '2w' or a number of seconds -> seconds (> 0)."""
+    text = str(value).strip().lower() if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+    try:
+        v = float(text[:-1]) * AGE_UNITS[text[-1]] if text[-1:] in AGE_UNITS else float(text)
+    except ValueError:
+        v = -1.0
+    if not v > 0 or v != v or v == float("inf"):
+        raise ConfigError(f"{where}: expected an age such as 90s, 30m, 24h or 7d, got {_show(value)}")
+    return v
 
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

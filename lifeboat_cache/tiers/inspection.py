@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import recovery
+from . import compaction, recovery
 from .segfile import read_table
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ def audit(d: "SegmentDir", fix: bool = False) -> list[str]:
                 w = recovery.walk(fd, 0, size)
                 entries = [(_ikey(e[0]), e[1], e[2]) for e in w.entries]
                 damaged = w.damaged
+            entries = compaction.unpurged(d, unit.name, fd, entries)  # purged: not missing, only not yet compacted
         except OSError as e:
             problems.append(f"{unit.name}: cannot read ({e})")
             continue

@@ -29,7 +29,8 @@ class LocalTier(Tier):
             self.segment_dir_cls(p, capacity_bytes=per_dir, segment_bytes=settings.segment_bytes,
                        refresh_interval_s=settings.refresh_interval_s, seal_after_s=settings.seal_after_s,
                        fsync=self.fsync, name=f"{self.kind}{i}", stripes=stripes, read_only=read_only,
-                       evict=evict, file_mode=settings.file_mode, dir_mode=settings.dir_mode)
+                       evict=evict, file_mode=settings.file_mode, dir_mode=settings.dir_mode,
+                       max_age_s=settings.max_age_s)
             for i, p in enumerate(settings.paths)
         ]
 

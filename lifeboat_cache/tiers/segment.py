@@ -28,6 +28,7 @@ import numpy as np
 
 from ..codec import raw_length
 from ..index import Index, Loc
+from . import compaction
 from . import inspection
 from . import quarantine as qlist
 from . import recovery
@@ -108,6 +109,7 @@ class SegmentDir:
         file_mode: int = DEFAULT_FILE_MODE,
         dir_mode: int = DEFAULT_DIR_MODE,
         orphan_idle_s: float = ORPHAN_IDLE_S,
+        max_age_s: float | None = None,
     ) -> None:
         self.path = Path(path)
         self.name = name
@@ -119,6 +121,7 @@ class SegmentDir:
         self.file_mode, self.dir_mode = file_mode, dir_mode
         self.orphan_idle_s = orphan_idle_s
         self.index = Index()
+        self.purge = compaction.PurgeFilter(self.path, max_age_s)  # purge.list rules and max_age
         self._lock = threading.RLock()
         self._units: dict[int, _Unit] = {}
         self._by_name: dict[str, int] = {}
@@ -342,6 +345,7 @@ class SegmentDir:
             if initial:
                 self._adopt_if_orphan(unit)
             self._scan(unit)
+        compaction.apply(self)
         self._auto_gc()
 
     def _add_unit(self, name: str, own: bool = False) -> _Unit:
@@ -683,6 +687,9 @@ class SegmentDir:
             n = os.preadv(fd, bufs, loc.offset)
         finally:
             self._release(unit)
+        if n == loc.length and self.purge.active and self.purge.blocks(  # purged or expired: not served
+                compaction.unit_ms(unit.name), bytes(bufs[0][compaction.NS_AT:compaction.NS_AT + 16])):
+            return False
         return n == loc.length
 
     def unit_name(self, unit_id: int) -> str | None:

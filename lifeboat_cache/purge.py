@@ -1,0 +1,170 @@
+"""`lifeboat purge`: remove a model's, a namespace's or old pages from every tier and every process.
+
+Why: KV caches hold users' prompts; deleting a tenant's data must stop its pages being served at
+once and then remove their bytes. A purge appends rules to `purge.list` in every local / nfs store
+directory (tiers/purgelist.py): this process, and every serving process on its next index refresh
+(`refresh_interval_s`), drops the matching records from its index and refuses them on the read
+path. Their bytes leave the disk at the next `lifeboat gc` (tiers/compaction.py). S3 objects are
+rewritten without the purged records (or deleted) by the purge itself.
+
+Model -> namespaces: a namespace fingerprint is a hash, so the model's namespaces (every rank, pool
+and layout) are learned from the stats files serving processes write (statsfile.py, `lifeboat ls`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, Settings, parse_age
+
+log = logging.getLogger(__name__)
+
+_HEX_RE = re.compile(r"^[0-9a-f]{8,32}$")
+
+
+class PurgeError(Exception):
+    """A purge that cannot be done as asked (the message says why and what to do)."""
+
+
+@dataclass
+class PurgeRequest:
+    namespaces: list[bytes] = field(default_factory=list)
+    older_than_s: float | None = None
+    labels: dict[str, dict[str, Any]] = field(default_factory=dict)  # hex -> labels, for the report
+
+
+def known_namespaces(settings: Settings) -> dict[str, dict[str, Any]]:
+    """hex namespace -> labels, from the stats files of serving processes (live and past)."""
+    from . import statsfile
+
+    return statsfile.merge_namespaces(statsfile.read_stats_files(statsfile.stats_dir(settings)))
+
+
+def resolve(settings: Settings, *, models: list[str] | None = None, namespaces: list[str] | None = None,
+            older_than: str | None = None) -> PurgeRequest:
+    """Turn the CLI's selectors into namespace fingerprints and an age; bad input raises ConfigError."""
+    req = PurgeRequest()
+    if older_than is not None:
+        req.older_than_s = parse_age(older_than, "--older-than")
+    known = known_namespaces(settings)
+    for text in namespaces or []:
+        t = text.strip().lower()
+        if not _HEX_RE.match(t):
+            raise ConfigError(f"--namespace {text!r}: expected a namespace fingerprint in hex (8 to 32 "
+                              "characters, as `lifeboat ls` prints it)")
+        if len(t) == 32:
+            req.namespaces.append(bytes.fromhex(t))
+            req.labels[t] = known.get(t, {}).get("labels", {})
+            continue
+        hits = [ns for ns in known if ns.startswith(t)]
+        if len(hits) != 1:
+            why = "matches no namespace in the stats files" if not hits else f"is ambiguous ({len(hits)} match)"
+            raise ConfigError(f"--namespace {text!r} {why}; give the full 32 hex characters (`lifeboat ls --json`)")
+        req.namespaces.append(bytes.fromhex(hits[0]))
+        req.labels[hits[0]] = known[hits[0]]["labels"]
+    for model in models or []:
+        hits = [ns for ns, d in known.items() if _model_matches(model, d["labels"].get("model", ""))]
+        if not hits:
+            seen = sorted({d["labels"].get("model", "?") for d in known.values()})
+            raise ConfigError(f"--model {model!r}: no namespace of this model in the stats files of "
+                              f"{settings.source} (models seen: {', '.join(seen) or 'none'}); purge by "
+                              "--namespace or --older-than instead")
+        for ns in hits:
+            req.namespaces.append(bytes.fromhex(ns))
+            req.labels[ns] = known[ns]["labels"]
+    return req
+
+
+def _model_matches(asked: str, label: str) -> bool:
+    """A model path or its last part ('org/name' or 'name') names the model."""
+    if not label:
+        return False
+    a, lab = asked.rstrip("/"), label.rstrip("/")
+    return a == lab or lab.endswith("/" + a) or Path(lab).name == a
+
+
+def rule_lines(req: PurgeRequest, now: float | None = None, newest_ms: int = 0) -> list[dict[str, object]]:
+    """purge.list lines. A namespace rule covers every segment that exists now: `newest_ms` (the newest
+    segment name in the directory) covers a writer whose clock runs ahead of this host's."""
+    now_ms = int((time.time() if now is None else now) * 1000) + 1  # covers segments created this ms
+    cut = max(now_ms, newest_ms + 1)
+    lines: list[dict[str, object]] = [{"namespace": ns.hex(), "before_ms": cut} for ns in req.namespaces]
+    if req.older_than_s is not None:
+        lines.append({"age_before_ms": now_ms - int(req.older_than_s * 1000)})
+    return lines
+
+
+def check_writable(settings: Settings) -> None:
+    """A purge changes the store: a store it cannot write to is an error, not a silent no-op."""
+    for ts in settings.storage:
+        for p in ts.paths:
+            if not Path(p).is_dir():
+                continue  # never written: nothing to purge there
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise PurgeError(f"store directory {p} is read-only for this user: a purge must record "
+                                 "its rules there and remove files; run it as the store's owner")
+
+
+def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
+          below: float | None = None) -> dict[str, Any]:
+    """Record the rules in every directory, apply them here, purge S3; optionally compact now."""
+    from .store import ChunkStore
+    from .tiers import purgelist
+
+    lines = rule_lines(req)
+    if not lines:
+        raise PurgeError("nothing to purge: give --model, --namespace or --older-than")
+    check_writable(settings)
+    for ts in settings.storage:
+        for p in ts.paths:
+            if not Path(p).is_dir():
+                continue
+            try:
+                purgelist.append(Path(p), rule_lines(req, newest_ms=_newest_segment_ms(Path(p))), ts.file_mode)
+            except OSError as e:
+                raise PurgeError(f"cannot record the purge in {p}: {e.strerror or e}; run it as the store's "
+                                 "owner on a writable store") from None
+    report: dict[str, Any] = {"namespaces": {ns.hex(): req.labels.get(ns.hex(), {}) for ns in req.namespaces},
+                              "older_than_s": req.older_than_s, "tiers": []}
+    with ChunkStore.open(settings, background=False, evict=False) as store:
+        for tier in store.tiers:
+            t: dict[str, Any] = {"tier": tier.name}
+            if hasattr(tier, "dirs"):
+                t["purged_pages"] = sum(d.purge.purged_pages for d in tier.dirs)
+                t["segments_evicted"] = sum(d.purge.evicted_aged for d in tier.dirs)
+                if compact_now:
+                    t["compaction"] = compact_tier(tier, below)
+            elif getattr(tier, "kind", "") == "s3":
+                from .tiers import s3_purge
+
+                t.update(s3_purge.purge_objects(tier, lines))
+            report["tiers"].append(t)
+    return report
+
+
+def _newest_segment_ms(directory: Path) -> int:
+    from .tiers.compaction import unit_ms
+    from .tiers.segfile import SEGMENT_SUFFIX
+
+    try:
+        return max((unit_ms(e.name) for e in os.scandir(directory) if e.name.endswith(SEGMENT_SUFFIX)), default=0)
+    except OSError:
+        return 0
+
+
+def compact_tier(tier: Any, below: float | None = None) -> dict[str, int]:
+    """Compact every directory of a local / nfs tier; summed counts."""
+    from .tiers import compaction
+
+    total: dict[str, int] = {}
+    for d in tier.dirs:
+        got = compaction.compact(d, compaction.DEFAULT_COMPACT_BELOW if below is None else below)
+        for k, v in got.items():
+            total[k] = total.get(k, 0) + v
+    return total

@@ -1,0 +1,348 @@
+"""Purge rules applied to a segment directory, and compaction that removes purged bytes from disk.
+
+Why: KV pages hold users' prompts, so deleting a tenant's data must stop every process serving it
+and then remove its bytes. `lifeboat purge` appends rules to `purge.list` (purge.py); every process
+reloads the list on its index refresh (`refresh_interval_s`), drops matching records from its index
+(`sweep`) and refuses them on the read path (`PurgeFilter.blocks`). `compact` (run by `lifeboat gc`)
+rewrites the live records of sealed segments that hold purged or mostly dead records into a new
+segment, then unlinks the old one.
+
+Record write time: a segment's name starts with its creation time in ms, and every record in it was
+written at or after that time, so "segment created before T" covers every record written before T
+(and may also cover a few written just after: those are purged too, a cache miss at worst).
+A compacted segment keeps its source's time in its name, so ages survive compaction.
+
+Crash safety of `compact`: the new segment is written under a hidden temporary name, sealed, fsynced
+and renamed into place before the old one is unlinked; a crash leaves the old copy, or both (the
+same records twice: either copy serves them; the next gc removes the duplicate).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import codec
+from ..index import Loc
+from .purgelist import PURGE_NAME, PurgeRules, load_rules
+from .segfile import SEGMENT_SUFFIX, Entry, ForeignFile, open_file, parse_name, pwritev_all, read_table, write_trailer
+
+if TYPE_CHECKING:
+    from .segment import SegmentDir, _Unit
+
+log = logging.getLogger(__name__)
+
+NS_AT = 32  # the namespace fingerprint's offset in a record header (format versions 1 and 2)
+TMP_PREFIX, TMP_SUFFIX = ".compact-", ".tmp"
+DEFAULT_COMPACT_BELOW = 0.5  # rewrite a sealed segment whose live bytes are under this share
+
+
+def unit_ms(name: str) -> int:
+    """Creation time (ms) of a segment from its name; every record in it is at least that old."""
+    head = name.split("-", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+class PurgeFilter:
+    """One directory's purge rules plus its `max_age`, reloaded when `purge.list` changes."""
+
+    def __init__(self, path: os.PathLike[str] | str, max_age_s: float | None = None) -> None:
+        self.path = os.fspath(path)
+        self.max_age_s = max_age_s
+        self.rules = PurgeRules()
+        self._stamp: tuple[int, int, int] | None = None
+        self.swept: dict[int, tuple[int, bool]] = {}  # unit id -> (size, sealed) at its last sweep
+        self.purged_pages = 0
+        self.evicted_aged = 0
+        self.bad_lines = 0
+        self.reload()  # before any read: a process opening with a background rebuild never serves purged pages
+
+    def reload(self) -> bool:
+        """Re-read purge.list if it changed (stat only otherwise). Returns True when rules changed."""
+        try:
+            st = os.stat(os.path.join(self.path, PURGE_NAME), follow_symlinks=False)
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = None
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            rules, bad = load_rules(self.path)
+        except (OSError, ForeignFile) as e:
+            log.warning("lifeboat: cannot read %s in %s: %s (keeping the previous rules)", PURGE_NAME, self.path, e)
+            return False
+        self.bad_lines = bad
+        if rules == self.rules:
+            return False
+        self.rules = rules
+        self.swept.clear()
+        return True
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rules.namespaces) or self.rules.age_before_ms > 0 or self.max_age_s is not None
+
+    def age_cutoff_ms(self, now: float | None = None) -> int:
+        """Segments created before this (ms) hold only purged or expired records."""
+        cut = self.rules.age_before_ms
+        if self.max_age_s is not None:
+            cut = max(cut, int(((time.time() if now is None else now) - self.max_age_s) * 1000))
+        return cut
+
+    def blocks(self, seg_ms: int, ns: bytes) -> bool:
+        """Whether a record of namespace ns in a segment created at seg_ms must not be served."""
+        if seg_ms < self.age_cutoff_ms():
+            return True
+        before = self.rules.namespaces.get(bytes(ns))
+        return before is not None and seg_ms < before
+
+
+# ---------------------------------------------------------------------- serving processes
+def apply(d: "SegmentDir") -> None:
+    """On each index refresh: reload the rules; drop purged / expired records from the index.
+
+    Whole segments older than the age cutoff are evicted (a process that may evict) or dropped from
+    the index; for namespace rules, each record header of the segments a rule covers is read once.
+    """
+    f = d.purge
+    changed = f.reload()
+    if not f.active:
+        return
+    age_cut = f.age_cutoff_ms()
+    ns_cut = max(f.rules.namespaces.values(), default=0)
+    with d._lock:
+        units = [u for u in d._units.values() if not u.dropped]
+        writers = [w for w in d._writers if w is not None]
+    if not d.read_only:  # new writes must not land in a segment a rule already covers
+        stale = changed and any(unit_ms(w.unit.name) < max(age_cut, ns_cut) for w in writers)
+        if f.max_age_s is not None:
+            half = int((time.time() - f.max_age_s / 2) * 1000)
+            stale |= any(unit_ms(w.unit.name) < half for w in writers)
+        if stale:
+            d.seal()
+    todo: list["_Unit"] = []
+    for u in units:
+        ms = unit_ms(u.name)
+        mark = (u.size, u.sealed)
+        if ms < age_cut:
+            if d.evict and u.sealed and not u.own:
+                _unlink_unit(d, u)
+                f.evicted_aged += 1
+            elif f.swept.get(u.id) != mark:
+                f.purged_pages += d.index.drop_unit(u.id)
+                f.swept[u.id] = mark
+        elif ms < ns_cut and f.swept.get(u.id) != mark:
+            todo.append(u)
+    if todo:
+        _sweep(d, todo)
+
+
+def _sweep(d: "SegmentDir", units: list["_Unit"]) -> None:
+    f = d.purge
+    arrays = d.index.export()
+    for u in units:
+        mark = (u.size, u.sealed)
+        sel = np.flatnonzero(arrays["units"] == u.id)
+        ms = unit_ms(u.name)
+        try:
+            fd = d._acquire(u)
+        except OSError:
+            continue  # vanished: its entries go with it
+        try:
+            for i in sel.tolist():
+                off, n = int(arrays["offsets"][i]), int(arrays["lengths"][i])
+                try:
+                    ns = os.pread(fd, codec.HEADER_SIZE, off)[NS_AT:NS_AT + 16]
+                except OSError:
+                    continue
+                if len(ns) == 16 and f.blocks(ms, ns):
+                    if d.index.remove_if_match(int(arrays["keys"][i]), Loc(u.id, off, n)):
+                        f.purged_pages += 1
+        finally:
+            d._release(u)
+        f.swept[u.id] = mark
+
+
+def unpurged(d: "SegmentDir", name: str, fd: int, entries: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The (key, offset, length) rows of a segment that no purge rule covers (for `verify`)."""
+    f = d.purge
+    if not f.active or not entries:
+        return entries
+    ms = unit_ms(name)
+    out = []
+    for k, o, n in entries:
+        ns = os.pread(fd, codec.HEADER_SIZE, o)[NS_AT:NS_AT + 16]
+        if not (len(ns) == 16 and f.blocks(ms, ns)):
+            out.append((k, o, n))
+    return out
+
+
+def _unlink_unit(d: "SegmentDir", u: "_Unit") -> int:
+    try:
+        os.unlink(u.path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        d._log_once(f"purge-unlink:{e.errno}", "lifeboat: cannot remove %s: %s", u.path, e)
+        return 0
+    d._drop(u)
+    return u.size
+
+
+# ---------------------------------------------------------------------- compaction (lifeboat gc)
+def _fsync_dir(path: os.PathLike[str] | str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(d: "SegmentDir") -> int:
+    """Unlink temporary files of compactions whose process died (a crash mid-write)."""
+    n = 0
+    try:
+        names = [e.name for e in os.scandir(d.path) if e.name.startswith(TMP_PREFIX) and e.name.endswith(TMP_SUFFIX)]
+    except OSError:
+        return 0
+    for name in names:
+        parsed = parse_name(name[len(TMP_PREFIX):-len(TMP_SUFFIX)])
+        if parsed is None or parsed[0] != d._tag.split("-")[0]:
+            continue
+        try:
+            os.kill(parsed[1], 0)
+            if parsed[1] != os.getpid():
+                continue  # its writer is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(d.path / name)
+            n += 1
+        except OSError:
+            pass
+    return n
+
+
+def compact(d: "SegmentDir", below: float = DEFAULT_COMPACT_BELOW) -> dict[str, int]:
+    """Rewrite sealed segments holding purged records, or whose live share is under `below`.
+
+    Live = indexed at that place and not purged. Returns counts (segments rewritten / removed,
+    bytes freed, records kept, unsealed segments skipped). A read-only directory does nothing.
+    """
+    out = {"rewritten": 0, "removed": 0, "freed_bytes": 0, "kept_records": 0, "skipped_unsealed": 0,
+           "dropped_bad": 0}
+    if d.read_only:
+        return out
+    apply(d)
+    remove_stale_temps(d)
+    with d._lock:
+        units = sorted((u for u in d._units.values() if not u.dropped), key=lambda u: u.name)
+    for u in units:
+        if u.own or not u.sealed:
+            out["skipped_unsealed"] += 1
+            continue
+        try:
+            _compact_one(d, u, below, out)
+        except OSError as e:
+            d._log_once(f"compact:{e.errno}", "lifeboat: compaction of %s failed (%s); it is kept", u.path, e)
+    return out
+
+
+def _compact_one(d: "SegmentDir", u: "_Unit", below: float, out: dict[str, int]) -> None:
+    f = d.purge
+    try:
+        fd = d._acquire(u)
+    except (FileNotFoundError, ForeignFile):
+        return
+    try:
+        size = os.fstat(fd).st_size
+        table = read_table(fd, size)
+        if table is None:
+            out["skipped_unsealed"] += 1
+            return
+        ms = unit_ms(u.name)
+        locs = d.index.get_many(np.asarray(table["key"], np.int64)) if len(table) else []
+        live = np.array([loc is not None and loc.unit == u.id and loc.offset == int(o) and loc.length == int(n)
+                         for loc, o, n in zip(locs, table["offset"], table["length"])], dtype=bool)
+        purged = np.zeros(len(table), dtype=bool)
+        if f.active:
+            for i in range(len(table)):
+                ns = os.pread(fd, codec.HEADER_SIZE, int(table["offset"][i]))[NS_AT:NS_AT + 16]
+                purged[i] = len(ns) == 16 and f.blocks(ms, ns)
+        live &= ~purged
+        live_bytes = int(table["length"][live].sum())
+        if not purged.any() and live_bytes >= below * max(size, 1):
+            return
+        if not live.any():
+            out["freed_bytes"] += _unlink_unit(d, u)
+            out["removed"] += 1
+            return
+        _rewrite(d, u, fd, table, live, ms, size, out)
+    finally:
+        d._release(u)
+
+
+def _rewrite(d: "SegmentDir", u: "_Unit", fd: int, table: np.ndarray, live: np.ndarray, ms: int, size: int,
+             out: dict[str, int]) -> None:
+    with d._lock:
+        d._seq += 1
+        name = f"{ms:013d}-{d._tag}-{d._token}c{d._seq:05d}{SEGMENT_SUFFIX}"
+    tmp = d.path / f"{TMP_PREFIX}{name}{TMP_SUFFIX}"
+    wfd = open_file(tmp, os.O_RDWR | os.O_CREAT, d.file_mode)
+    moved: list[tuple[int, Loc, Loc]] = []
+    try:
+        entries: list[Entry] = []
+        at = 0
+        for i in np.flatnonzero(live).tolist():
+            off, n = int(table["offset"][i]), int(table["length"][i])
+            rec = os.pread(fd, n, off)
+            try:  # never carry a damaged record into the new segment
+                h = codec.verify_record(memoryview(rec)[:codec.HEADER_SIZE], memoryview(rec)[codec.HEADER_SIZE:])
+            except codec.RecordError:
+                out["dropped_bad"] += 1
+                continue
+            pwritev_all(wfd, [rec], at)
+            entries.append((h.digest, at, n, h.raw_len))
+            moved.append((int(table["key"][i]), Loc(u.id, off, n), Loc(0, at, n)))
+            at += n
+        new_size = write_trailer(wfd, at, entries)
+        os.fsync(wfd)
+    except BaseException:
+        os.close(wfd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    os.close(wfd)
+    os.rename(tmp, d.path / name)
+    _fsync_dir(d.path)
+    with d._lock:  # index the copy, then remove the original (write, then index)
+        nu = d._add_unit(name)
+        nu.size = nu.scanned = nu.walked = new_size
+        nu.sealed = True
+    now = d.index.get_many(np.array([m[0] for m in moved], np.int64)) if moved else []
+    for (key, old, new), cur in zip(moved, now):
+        if cur == old:  # not overwritten or dropped meanwhile
+            d.index.insert(key, Loc(nu.id, new.offset, new.length))
+    out["freed_bytes"] += _unlink_unit(d, u) - new_size
+    _fsync_dir(d.path)
+    out["rewritten"] += 1
+    out["kept_records"] += len(moved)
+
+
+def describe_rules(rules: PurgeRules) -> dict[str, Any]:
+    return {"namespaces": {ns.hex(): ms for ns, ms in rules.namespaces.items()},
+            "age_before_ms": rules.age_before_ms}
