@@ -53,13 +53,13 @@ def env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
-def config(tmp: Path, store: Path, **tier: object) -> Path:
-    """A lifeboat.yaml for one local tier at `store`; tier keys override the defaults."""
+def config(tmp: Path, store: Path, engine: dict[str, object] | None = None, **tier: object) -> Path:
+    """A lifeboat.yaml for one local tier at `store`; tier keys (and `engine` keys) override the defaults."""
     t = {"type": "local", "path": str(store), "capacity": "256MiB", "segment_size": "1MiB",
          "refresh_interval_s": 0.2, **tier}
     lines = ["storage:", "  - " + "\n    ".join(f"{k}: {json.dumps(v) if isinstance(v, str) else v}"
                                                  for k, v in t.items()),
-             "engine:", "  io_workers: 8"]
+             "engine:", "  io_workers: 8", *(f"  {k}: {v}" for k, v in (engine or {}).items())]
     p = tmp / f"lifeboat-{uuid.uuid4().hex[:6]}.yaml"
     p.write_text("\n".join(lines) + "\n")
     return p

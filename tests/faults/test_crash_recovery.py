@@ -4,6 +4,7 @@ unsealed segment costs only the damaged record (recovery resynchronises; `verify
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -38,7 +39,10 @@ def test_sigkill_with_a_held_back_write_loses_no_acknowledged_page(tmp_path: Pat
         root = tmp_path / f"t{trial}"
         store = root / "store"
         root.mkdir()
-        cfg = config(root, store)
+        # The held write models a writer thread stalled between reserving its offset and writing it
+        # (the crash window), not a hung drive: engine.deadline_s, which drops the writes behind a hung
+        # drive and cools the tier down, is set past the trial so the other threads keep acknowledging.
+        cfg = config(root, store, engine={"deadline_s": 600})
         hold = rng.randint(3, 40)
         acked = run_writer(cfg, THREADS, PAGES, hold=hold, kill_after_acks=rng.randint(60, THREADS * PAGES // 2))
         assert len(acked) >= 60
@@ -87,11 +91,20 @@ def test_bit_flip_in_unsealed_segment_costs_one_record_and_verify_reports_it(tmp
     (res,) = check(cfg, keys)
     assert res["wrong"] == 0 and res["lost"] == 1, res  # only the flipped record is gone
     FIGURES.pages_checked += 0
+    # The checker may already have met the damage: a location it had indexed before the flip (from the
+    # writer's index snapshot) fails its checksum on read and is quarantined then. Known damage is
+    # handled damage; otherwise `verify` must find it in the file (file -> index).
+    qfile = store / "quarantine.jsonl"
+    found_by_read = qfile.exists() and any(
+        json.loads(line).get("segment") == seg.name and json.loads(line).get("offset") == off
+        for line in qfile.read_text().splitlines() if line.strip())
     before = snapshot_tree(store)
     r = cli(cfg, "verify", "--quiet")
-    assert r.returncode == 1 and "unreadable" in r.stdout and "missing from the index" not in r.stdout, r.stdout
+    assert "missing from the index" not in r.stdout, r.stdout
     assert snapshot_tree(store) == before, "verify without --fix changed files"
-    r = cli(cfg, "verify", "--quiet", "--fix")
-    assert r.returncode == 1, r.stdout
+    if not found_by_read:
+        assert r.returncode == 1 and "unreadable" in r.stdout, r.stdout
+        r = cli(cfg, "verify", "--quiet", "--fix")
+        assert r.returncode == 1, r.stdout
     r = cli(cfg, "verify", "--quiet")
     assert r.returncode == 0, r.stdout
