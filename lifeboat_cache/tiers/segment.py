@@ -46,6 +46,7 @@ AUTO_CAPACITY_MAX_BYTES = 64 << 30
 ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long, is sealed by the next open
 OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
+_BATCH_MIN = 1 << 16  # entries per bulk index insert during the initial rebuild (at least)
 DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
 
 
@@ -134,6 +135,11 @@ class SegmentDir:
         self._closed = threading.Event()
         self._rebuilt = threading.Event()
         self._thread: threading.Thread | None = None
+        # the initial rebuild batches index inserts (one merge per batch, not per segment): batches of
+        # at least _BATCH_MIN entries that double as the index grows, so the first hits come early
+        self._batch_owner: int | None = None  # thread id of the rebuild while it batches
+        self._batch: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._batch_n = self._batched = 0
         self.counters: dict[str, int] = {
             "scan_records": 0, "scan_torn": 0, "scan_damaged_bytes": 0, "evicted_segments": 0,
             "evicted_bytes": 0, "sealed_segments": 0, "seal_failures": 0, "rebuild_ms": 0,
@@ -192,12 +198,18 @@ class SegmentDir:
 
     def _rebuild(self) -> None:
         t0 = time.perf_counter()
+        self._batch_owner = threading.get_ident()
         try:
             self._load_quarantine()
             self._load_snapshot()
             self._refresh(initial=True)
         except Exception:  # never let the index thread die on a bad directory
             log.exception("lifeboat: initial index rebuild of %s failed", self.path)
+        finally:
+            try:
+                self._flush_batch()
+            finally:
+                self._batch_owner = None
         self.counters["rebuild_ms"] = int((time.perf_counter() - t0) * 1000)
         self._rebuilt.set()
         log.info("lifeboat: %s index rebuilt: %d pages in %d ms", self.path, len(self.index),
@@ -271,6 +283,7 @@ class SegmentDir:
             if initial:
                 self._adopt_if_orphan(unit)
             self._scan(unit)
+        self._flush_batch()  # before eviction may drop a unit whose entries are still batched
         self._auto_gc()
 
     def _add_unit(self, name: str, own: bool = False) -> _Unit:
@@ -290,9 +303,38 @@ class SegmentDir:
                 keep = ~np.isin(offs.astype(np.uint64), np.fromiter(bad, dtype=np.uint64, count=len(bad)))
                 keys, offs, lens = keys[keep], offs[keep], lens[keep]
         if len(keys):
-            self.index.insert_arrays(np.asarray(keys, np.int64), np.full(len(keys), unit.id, np.uint32),
-                                     np.asarray(offs, np.uint64), np.asarray(lens, np.uint32), if_absent=True)
+            self._insert(np.asarray(keys, np.int64), np.full(len(keys), unit.id, np.uint32),
+                         np.asarray(offs, np.uint64), np.asarray(lens, np.uint32))
         return len(keys)
+
+    def _insert(self, keys: np.ndarray, units: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> None:
+        """Index entries if absent: at once, or batched while this thread runs the initial rebuild."""
+        if self._batch_owner != threading.get_ident():
+            self.index.insert_arrays(keys, units, offs, lens, if_absent=True)
+            return
+        pos = 0
+        while pos < len(keys):  # a big input (a snapshot) goes in growing pieces too
+            end = pos + max(1, max(_BATCH_MIN, self._batched) - self._batch_n)
+            self._batch.append((keys[pos:end], units[pos:end], offs[pos:end], lens[pos:end]))
+            self._batch_n += len(self._batch[-1][0])
+            pos = end
+            if self._batch_n >= max(_BATCH_MIN, self._batched):
+                self._flush_batch()
+
+    def _flush_batch(self) -> None:
+        """Index the batched entries in one bulk insert, leaving out units dropped meanwhile."""
+        if not self._batch:
+            return
+        parts, self._batch, self._batch_n = self._batch, [], 0
+        keys, units, offs, lens = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        with self._lock:
+            gone = [uid for uid in np.unique(units).tolist()
+                    if uid not in self._units or self._units[uid].dropped]
+        if gone:
+            keep = ~np.isin(units, np.array(gone, np.uint32))
+            keys, units, offs, lens = keys[keep], units[keep], offs[keep], lens[keep]
+        self.index.insert_arrays(keys, units, offs, lens, if_absent=True)
+        self._batched += len(keys)
 
     def _index_walk(self, unit: _Unit, w: recovery.Walk) -> None:
         if w.entries:
@@ -762,13 +804,18 @@ class SegmentDir:
         s.dropped += int((new_ids == 0).sum())
         self.counters["snapshot_dropped_entries"] += s.dropped
         by_unit = {u.id: u for u in idmap.values()}
-        for uid in np.unique(new_ids[new_ids != 0]).tolist():
-            m = new_ids == uid
-            self._index_entries(by_unit[uid], s.keys[m], s.offsets[m], s.lengths[m])
+        groups = _groups(new_ids)
+        if self._quarantine:
+            for uid, m in groups.items():
+                self._index_entries(by_unit[uid], s.keys[m], s.offsets[m], s.lengths[m])
+        else:  # one insert for all (no per-unit pass)
+            ok = new_ids != 0
+            self._insert(s.keys[ok], new_ids[ok], s.offsets[ok], s.lengths[ok])
         log.info("lifeboat: %s: loaded index snapshot with %d pages", self.path, int((new_ids != 0).sum()))
-        self._check_snapshot(list(idmap.values()), s, new_ids)
+        self._check_snapshot(list(idmap.values()), s, new_ids, groups)
 
-    def _check_snapshot(self, units: list[_Unit], s: snap.Snapshot, new_ids: np.ndarray) -> None:
+    def _check_snapshot(self, units: list[_Unit], s: snap.Snapshot, new_ids: np.ndarray,
+                        groups: dict[int, np.ndarray] | None = None) -> None:
         """Drop every unit whose snapshot entries are not all in its trailer, then index the trailers.
 
         Bad units are all dropped before any trailer is indexed, so a wrong entry can never keep a
@@ -776,6 +823,9 @@ class SegmentDir:
         """
         tables: dict[int, np.ndarray] = {}
         bad: list[_Unit] = []
+        if groups is None:
+            groups = _groups(new_ids)
+        none = np.empty(0, np.int64)
         for unit in units:
             try:
                 fd = self._acquire(unit)
@@ -788,11 +838,12 @@ class SegmentDir:
                 table = None
             finally:
                 self._release(unit)
-            m = new_ids == unit.id
+            m = groups.get(unit.id, none)
             if table is None or not _subset(s.keys[m], s.offsets[m], s.lengths[m], table):
                 bad.append(unit)
-            else:
+            elif len(table) != len(m):  # a subset of the same size is the trailer itself: nothing to add
                 tables[unit.id] = table
+        self._flush_batch()  # the snapshot's entries of a bad unit must be in the index to be dropped
         for unit in bad:
             self.counters["snapshot_mismatched_units"] += 1
             self.index.drop_unit(unit.id)
@@ -830,6 +881,16 @@ class SegmentDir:
                 if u.fd is not None:
                     os.close(u.fd)
                     u.fd = None
+
+
+def _groups(ids: np.ndarray) -> dict[int, np.ndarray]:
+    """Positions of each nonzero id (one sort, not one pass over all ids per id)."""
+    order = np.argsort(ids, kind="stable")
+    sid = ids[order]
+    cuts = np.flatnonzero(np.diff(sid)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(sid)]))
+    return {int(sid[a]): order[a:b] for a, b in zip(starts.tolist(), ends.tolist()) if a < b and sid[a] != 0}
 
 
 def _subset(keys: np.ndarray, offs: np.ndarray, lens: np.ndarray, table: np.ndarray) -> bool:
