@@ -767,8 +767,10 @@ class SegmentDir:
                      for u in self._units.values() if u.sealed and not u.own and u.scanned == u.size]
             arrays = self.index.export()
         keep = np.isin(arrays["units"], np.array([u.id for u in units], dtype=np.uint32))
+        order = np.flatnonzero(keep)
+        order = order[np.argsort(arrays["units"][order], kind="stable")]  # grouped by unit: no sort on load
         try:
-            snap.save(self.path, units, {k: v[keep] for k, v in arrays.items()}, self.file_mode)
+            snap.save(self.path, units, {k: v[order] for k, v in arrays.items()}, self.file_mode)
         except OSError as e:
             self._log_once("snapshot-save", "lifeboat: cannot save index snapshot in %s: %s", self.path, e)
 
@@ -885,8 +887,11 @@ class SegmentDir:
 
 def _groups(ids: np.ndarray) -> dict[int, np.ndarray]:
     """Positions of each nonzero id (one sort, not one pass over all ids per id)."""
-    order = np.argsort(ids, kind="stable")
-    sid = ids[order]
+    if len(ids) < 2 or bool((ids[1:] >= ids[:-1]).all()):  # saved grouped by unit (save_snapshot)
+        order, sid = np.arange(len(ids)), ids
+    else:
+        order = np.argsort(ids, kind="stable")
+        sid = ids[order]
     cuts = np.flatnonzero(np.diff(sid)) + 1
     starts = np.concatenate(([0], cuts))
     ends = np.concatenate((cuts, [len(sid)]))

@@ -57,7 +57,8 @@ def _array(zf: zipfile.ZipFile, name: str, limit: int) -> np.ndarray:
         raise SnapshotError(f"no {name} array") from None
     if info.compress_type != zipfile.ZIP_STORED or info.file_size > limit:
         raise SnapshotError(f"{name}: compressed or larger than the file")
-    buf = io.BytesIO(zf.read(info))
+    data = zf.read(info)
+    buf = io.BytesIO(data)  # shares the bytes, no copy
     try:
         version = np.lib.format.read_magic(buf)
         reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -69,9 +70,10 @@ def _array(zf: zipfile.ZipFile, name: str, limit: int) -> np.ndarray:
     if dtype != _ARRAYS[name] or fortran or len(shape) != 1 or not isinstance(shape[0], int):
         raise SnapshotError(f"{name}: expected a 1-D {_ARRAYS[name]} array, got {dtype} {shape}")
     start = buf.tell()
-    if shape[0] < 0 or shape[0] * dtype.itemsize != len(buf.getbuffer()) - start:
+    if shape[0] < 0 or shape[0] * dtype.itemsize != len(data) - start:
         raise SnapshotError(f"{name}: length does not match its header")
-    return np.frombuffer(buf.getbuffer(), dtype=dtype, count=shape[0], offset=start).copy()
+    # a read-only view of the member's bytes (no copy): every consumer copies what it keeps
+    return np.frombuffer(data, dtype=dtype, count=shape[0], offset=start)
 
 
 def _units(meta: object) -> list[SnapshotUnit]:
@@ -136,6 +138,8 @@ def parse(data: bytes) -> Snapshot:
         limit = scanned[posc]
         ok &= (offs <= limit) & (lens.astype(np.uint64) <= limit - np.minimum(offs, limit))
     n_bad = int((~ok).sum())
+    if not n_bad:  # the usual case: no copies
+        return Snapshot(units, keys, uids, offs, lens)
     return Snapshot(units, keys[ok], uids[ok], offs[ok], lens[ok], dropped=n_bad)
 
 
