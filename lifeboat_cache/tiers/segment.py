@@ -796,10 +796,15 @@ class SegmentDir:
                 unit.sealed = True
                 idmap[su.id] = unit
         old_ids = np.array(sorted(idmap), dtype=np.int64)
-        pos = np.searchsorted(old_ids, s.unit_ids.astype(np.int64)) if len(old_ids) else None
-        new_ids = np.zeros(len(s.unit_ids), np.uint32)
-        if pos is not None:
-            posc = np.minimum(pos, len(old_ids) - 1)
+        runs = snap.unit_runs(s.unit_ids)
+        if runs is not None:  # grouped by unit as saved: one lookup per unit
+            starts, ends, vals = runs
+            new_ids = np.repeat(np.array([idmap[v].id if v in idmap else 0 for v in vals.tolist()], np.uint32),
+                                ends - starts)
+        else:
+            new_ids = np.zeros(len(s.unit_ids), np.uint32)
+        if runs is None and len(old_ids):
+            posc = np.minimum(np.searchsorted(old_ids, s.unit_ids.astype(np.int64)), len(old_ids) - 1)
             hit = old_ids[posc] == s.unit_ids
             lookup = np.array([idmap[int(i)].id for i in old_ids], np.uint32)
             new_ids[hit] = lookup[posc[hit]]
@@ -902,8 +907,12 @@ def _subset(keys: np.ndarray, offs: np.ndarray, lens: np.ndarray, table: np.ndar
     """Whether every (key, offset, length) is a row of the trailer table."""
     if not len(keys):
         return True
-    order = np.argsort(table["offset"], kind="stable")
-    t_off = table["offset"][order]
+    t_off = table["offset"]
+    if len(t_off) > 1 and not bool((t_off[1:] >= t_off[:-1]).all()):  # records are appended: sorted
+        order = np.argsort(t_off, kind="stable")
+    else:
+        order = np.arange(len(t_off))
+    t_off = t_off[order]
     pos = np.searchsorted(t_off, offs)
     if (pos >= len(t_off)).any():
         return False

@@ -129,18 +129,36 @@ def parse(data: bytes) -> Snapshot:
     # an entry must name a listed unit and lie inside what that unit had when saved
     ids = np.array(sorted(u.id for u in units), dtype=np.int64)
     scanned = np.array([u.scanned for u in sorted(units, key=lambda u: u.id)], dtype=np.uint64)
-    pos = np.searchsorted(ids, uids.astype(np.int64)) if len(ids) else np.zeros(len(uids), np.int64)
-    posc = np.minimum(pos, max(len(ids) - 1, 0))
     ok = np.zeros(len(uids), bool)
     if len(ids):
-        ok = ids[posc] == uids.astype(np.int64)
+        runs = unit_runs(uids)
+        if runs is not None:  # saved grouped by unit: look up each run's unit once, not each entry's
+            starts, ends, vals = runs
+            posc = np.minimum(np.searchsorted(ids, vals.astype(np.int64)), len(ids) - 1)
+            ok = np.repeat(ids[posc] == vals.astype(np.int64), ends - starts)
+            limit = np.repeat(scanned[posc], ends - starts)
+        else:
+            posc = np.minimum(np.searchsorted(ids, uids.astype(np.int64)), len(ids) - 1)
+            ok = ids[posc] == uids.astype(np.int64)
+            limit = scanned[posc]
         ok &= lens >= HEADER_SIZE
-        limit = scanned[posc]
         ok &= (offs <= limit) & (lens.astype(np.uint64) <= limit - np.minimum(offs, limit))
     n_bad = int((~ok).sum())
     if not n_bad:  # the usual case: no copies
         return Snapshot(units, keys, uids, offs, lens)
     return Snapshot(units, keys[ok], uids[ok], offs[ok], lens[ok], dropped=n_bad)
+
+
+def unit_runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(starts, ends, values) of the runs of equal ids when ids are sorted (as saved), else None."""
+    if len(ids) and not bool((ids[1:] >= ids[:-1]).all()):
+        return None
+    cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+    starts = np.concatenate(([0], cuts)).astype(np.int64)
+    ends = np.concatenate((cuts, [len(ids)])).astype(np.int64)
+    if not len(ids):
+        starts = ends = np.empty(0, np.int64)
+    return starts, ends, ids[starts]
 
 
 def load(directory: Path) -> Snapshot | None:
