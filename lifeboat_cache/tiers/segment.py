@@ -768,7 +768,8 @@ class SegmentDir:
             arrays = self.index.export()
         keep = np.isin(arrays["units"], np.array([u.id for u in units], dtype=np.uint32))
         order = np.flatnonzero(keep)
-        order = order[np.argsort(arrays["units"][order], kind="stable")]  # grouped by unit: no sort on load
+        # grouped by unit, each in record order (as its trailer): on load no sort and no per-entry search
+        order = order[np.lexsort((arrays["offsets"][order], arrays["units"][order]))]
         try:
             snap.save(self.path, units, {k: v[order] for k, v in arrays.items()}, self.file_mode)
         except OSError as e:
@@ -907,6 +908,8 @@ def _subset(keys: np.ndarray, offs: np.ndarray, lens: np.ndarray, table: np.ndar
     """Whether every (key, offset, length) is a row of the trailer table."""
     if not len(keys):
         return True
+    if len(keys) == len(table) and bool((table["offset"] == offs).all()):  # saved in trailer order
+        return bool((table["key"] == keys).all() and (table["length"] == lens).all())
     t_off = table["offset"]
     if len(t_off) > 1 and not bool((t_off[1:] >= t_off[:-1]).all()):  # records are appended: sorted
         order = np.argsort(t_off, kind="stable")

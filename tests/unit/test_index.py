@@ -282,6 +282,12 @@ def test_scale_benchmark_runs_end_to_end() -> None:
     assert all(r[k] > 0 for k in ("bulk_insert_s", "exists_idle_p50_ms", "exists_writer_p99_ms",
                                   "B_per_page_estimate"))
     assert "| index | 3,000 |" in table([r])
+    from lifeboat_cache.bench.index_scale import measure_reopen, reopen_table
+
+    ro = measure_reopen(5000)
+    assert all(ro[f"{m}_full_s"] >= ro[f"{m}_first_hit_s"] > 0 and ro[f"{m}_cpu_s"] > 0
+               for m in ("clean", "stale", "crash"))
+    assert ro["units"] == 3 and "| 5,000 | 3 |" in reopen_table([ro])
 
 
 def test_limited_address_space_starts_small_and_still_works(monkeypatch) -> None:
