@@ -327,11 +327,11 @@ class SegmentDir:
             return
         parts, self._batch, self._batch_n = self._batch, [], 0
         keys, units, offs, lens = (np.concatenate([p[i] for p in parts]) for i in range(4))
-        with self._lock:
-            gone = [uid for uid in np.unique(units).tolist()
-                    if uid not in self._units or self._units[uid].dropped]
-        if gone:
-            keep = ~np.isin(units, np.array(gone, np.uint32))
+        with self._lock:  # unit ids are small: a table of the live ones, one gather per entry
+            alive = np.zeros(max(self._next_unit, int(units.max()) + 1), bool)
+            alive[[uid for uid, u in self._units.items() if not u.dropped]] = True
+        keep = alive[units]
+        if not keep.all():
             keys, units, offs, lens = keys[keep], units[keep], offs[keep], lens[keep]
         self.index.insert_arrays(keys, units, offs, lens, if_absent=True)
         self._batched += len(keys)
