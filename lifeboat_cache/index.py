@@ -510,21 +510,29 @@ class Index:
         base, cnt = self._region[s] * a.cap, self._count[s]
         ok, ou = a.keys[base:base + cnt], a.units[base:base + cnt]
         keep = ou != DEAD
+        raw = None
         if cnt:
-            pos = np.minimum(np.searchsorted(ok, dx), cnt - 1)
+            raw = np.searchsorted(ok, dx)
+            pos = np.minimum(raw, cnt - 1)
             match = ok[pos] == dx
             if if_absent:
                 fresh = ~(match & keep[pos])
-                dx, du, do, dl, dlive, pos, match = (c[fresh] for c in (dx, du, do, dl, dlive, pos, match))
+                if not fresh.all():
+                    dx, du, do, dl, dlive, pos, match, raw = (c[fresh] for c in (dx, du, do, dl, dlive, pos, match,
+                                                                                  raw))
             keep[pos[match]] = False
-        ax = dx[dlive]
+        all_live = bool(dlive.all())
+        ax = dx if all_live else dx[dlive]
         compact = not keep.all()
         olds = [c[base:base + cnt] for c in (a.keys, a.units, a.offsets, a.lengths)]
         if compact:
             olds = [c[keep] for c in olds]
         del ok, ou, keep
         n_old, n_add = len(olds[0]), len(ax)
-        at = np.searchsorted(olds[0], ax)                     # ax and the kept keys are disjoint
+        if raw is not None and all_live and not compact:
+            at = raw  # nothing left out on either side: the search above already placed every key
+        else:
+            at = np.searchsorted(olds[0], ax)                 # ax and the kept keys are disjoint
         new_pos = at + np.arange(n_add)
         old_pos = np.arange(n_old) + np.cumsum(np.bincount(at, minlength=n_old + 1))[:n_old]
         n_new = n_old + n_add
