@@ -159,6 +159,7 @@ class Index:
         self._spare = _NSHARDS
         self._spare_used = 0                   # entries written in the spare region (still resident)
         self._drops: list[int] = []            # units dropped since the last publish
+        self._ever_dropped = False             # some entry may be DEAD: lookups must check units
         directory = _dir_entries(np.arange(_NSHARDS) * cap, 0, _dir_dtype((_NSHARDS + 1) * cap))
         win = _window(arena, _MIN_W)
         for s in range(_NSHARDS):
@@ -181,7 +182,9 @@ class Index:
             eq = rows[lo] == x[:, None]  # one contiguous w-wide row per key: a memcpy, not w gathers
             pos = lo + eq.argmax(axis=1)
             hit = eq.any(axis=1)
-            if want_loc or any(self._dead):
+            # not `any(self._dead)`: a merge publishing a compacted shard zeroes its count while a
+            # reader that already read the old directory still reads the old region's DEAD entries
+            if want_loc or self._ever_dropped:
                 units = a.units[pos]
                 hit &= units != DEAD
             locs = (units, a.offsets[pos], a.lengths[pos]) if want_loc else None
@@ -417,6 +420,7 @@ class Index:
         """Forget every entry in a unit (evicted or vanished segment). Returns how many."""
         u = np.uint32(unit)
         with self._wlock:
+            self._ever_dropped = True  # before any DEAD mark, so no lookup skips the unit check
             active, frozen = self._deltas
             merged = self._merged_deltas(active, frozen)
             dk = np.sort(_mix(np.fromiter(merged.keys(), dtype=np.int64, count=len(merged))))
@@ -506,21 +510,29 @@ class Index:
         base, cnt = self._region[s] * a.cap, self._count[s]
         ok, ou = a.keys[base:base + cnt], a.units[base:base + cnt]
         keep = ou != DEAD
+        raw = None
         if cnt:
-            pos = np.minimum(np.searchsorted(ok, dx), cnt - 1)
+            raw = np.searchsorted(ok, dx)
+            pos = np.minimum(raw, cnt - 1)
             match = ok[pos] == dx
             if if_absent:
                 fresh = ~(match & keep[pos])
-                dx, du, do, dl, dlive, pos, match = (c[fresh] for c in (dx, du, do, dl, dlive, pos, match))
+                if not fresh.all():
+                    dx, du, do, dl, dlive, pos, match, raw = (c[fresh] for c in (dx, du, do, dl, dlive, pos, match,
+                                                                                  raw))
             keep[pos[match]] = False
-        ax = dx[dlive]
+        all_live = bool(dlive.all())
+        ax = dx if all_live else dx[dlive]
         compact = not keep.all()
         olds = [c[base:base + cnt] for c in (a.keys, a.units, a.offsets, a.lengths)]
         if compact:
             olds = [c[keep] for c in olds]
         del ok, ou, keep
         n_old, n_add = len(olds[0]), len(ax)
-        at = np.searchsorted(olds[0], ax)                     # ax and the kept keys are disjoint
+        if raw is not None and all_live and not compact:
+            at = raw  # nothing left out on either side: the search above already placed every key
+        else:
+            at = np.searchsorted(olds[0], ax)                 # ax and the kept keys are disjoint
         new_pos = at + np.arange(n_add)
         old_pos = np.arange(n_old) + np.cumsum(np.bincount(at, minlength=n_old + 1))[:n_old]
         n_new = n_old + n_add

@@ -24,7 +24,7 @@ from .codec import HEADER_SIZE, RecordError
 from .config import Settings, TierSettings, load_settings
 from .copier import COPY_BATCH_BYTES, DEFAULT_COPY_WORKERS, Copier
 from .iopool import Gate, IoPool
-from .keys import digests
+from .keys import DigestCache
 from .metrics import Counters
 from .tiers import Ref, Tier, open_tier
 
@@ -133,6 +133,7 @@ class ChunkStore:
         self.compress = self.tier_compress[0]
         self.trace = eng.trace
         self.counters = Counters()
+        self._digests = DigestCache()  # exists asks about the same keys again and again
         # reads and writes cool down separately: a full disk stops writes, not reads
         self.read_cooldowns = [self._cooldown(t, ts, "read") for t, ts in zip(self.tiers, self._tier_settings())]
         self.write_cooldowns = [self._cooldown(t, ts, "write") for t, ts in zip(self.tiers, self._tier_settings())]
@@ -192,7 +193,7 @@ class ChunkStore:
     # ------------------------------------------------------------------ lookups
     def contains(self, ns: bytes, keys: Sequence[str | bytes]) -> list[bool]:
         """Per-key presence in any tier that is not cooling down. Index only, no I/O."""
-        _, ik = digests(ns, keys)
+        _, ik = self._digests(ns, keys)
         hit = np.zeros(len(ik), dtype=bool)
         for tier, cd in zip(self.tiers, self.read_cooldowns):
             if cd.active():
@@ -222,7 +223,7 @@ class ChunkStore:
         Pass it as `affinity=` to every `put` / `get_into` of that dialog (the keys of its first
         pages, not of the batch), so all its pages sit on one drive of a multi-drive tier.
         """
-        ds, _ = digests(ns, list(dialog_keys[: self.affinity_chunks]))
+        ds, _ = self._digests(ns, list(dialog_keys[: self.affinity_chunks]))
         return self._affinity(ds)
 
     def _affinity(self, ds: Sequence[bytes]) -> int:
@@ -240,7 +241,7 @@ class ChunkStore:
         if len(keys) != len(buffers):
             raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
         t0 = time.perf_counter()
-        ds, ik = digests(ns, keys)
+        ds, ik = self._digests(ns, keys)
         views = [_view(b) for b in buffers]
         results = [False] * len(keys)
         tier, cd = self.tiers[0], self.write_cooldowns[0]
@@ -374,7 +375,7 @@ class ChunkStore:
         if len(keys) != len(buffers):
             raise ValueError(f"get_into: {len(keys)} keys but {len(buffers)} buffers")
         t0 = time.perf_counter()
-        ds, ik = digests(ns, keys)
+        ds, ik = self._digests(ns, keys)
         views = [_view(b) for b in buffers]
         if not all(p.flags.writeable for pieces, _, _ in views for p in pieces):
             raise ValueError("get_into: destination buffers must be writable")

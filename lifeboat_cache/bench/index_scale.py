@@ -9,6 +9,10 @@ arrays are allocated first), and the peak via VmHWM after resetting it (/proc/se
 The writer inserts single keys with `Index.insert` in batches of 32 with a 0.2 ms pause between
 batches (~100K inserts/s at most, above what one drive sustains for real pages), so what the reader
 sees is the index's own stalls, not CPython's 5 ms GIL switch interval against a busy-looping thread.
+Reopen (`measure_reopen`, also in `run()`): sealed segments of 4,096 pages with real trailers (sparse
+files: a reopen reads only trailers and the snapshot), opened afresh after a clean close (snapshot),
+with a stale snapshot (10% of the pages in newer segments) and after a crash (no snapshot): seconds
+to the first hit among 300 stored keys, to the full index, and the process CPU seconds meanwhile.
 `--impl FILE` measures another implementation of the same interface (e.g. an older index.py) in the
 same way, for side-by-side numbers.
 
@@ -166,8 +170,116 @@ def measure(n: int, quick: bool = False, impl: str | None = None) -> dict[str, A
     }
 
 
-def _child(n: int, quick: bool, impl: str | None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "lifeboat_cache.bench.index_scale", "--one", str(n)]
+PER_UNIT = 4096       # records per synthetic sealed segment in the reopen measurement
+REOPEN_POLL_S = 0.001
+
+
+def _make_store(root: str, n: int, first_unit: int = 0) -> np.ndarray:
+    """Sealed segments holding n records in all: sparse files, real trailers (the index is all a
+    reopen reads; no record bytes are needed for it). Returns the keys."""
+    from lifeboat_cache.tiers.segfile import TABLE_ENTRY, FOOTER, FOOTER_MAGIC, parse_name
+    import struct
+    import zlib
+
+    rng = np.random.default_rng(n + first_unit)
+    keys = rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64)
+    rec = 1 << 16
+    for u, a in enumerate(range(0, n, PER_UNIT), first_unit):
+        k = keys[a:a + PER_UNIT]
+        table = np.zeros(len(k), dtype=TABLE_ENTRY)
+        table["key"] = k
+        table["offset"] = np.arange(len(k), dtype=np.uint64) * np.uint64(rec)
+        table["length"] = table["raw_length"] = rec
+        at = len(k) * rec
+        blob = b"LBTB" + table.tobytes()
+        footer = FOOTER.pack(FOOTER_MAGIC, len(k), at, zlib.crc32(blob))
+        name = f"{1700000000000 + u:013d}-benchhost-1-abcdef{u:06d}.seg"
+        assert parse_name(name) is not None
+        with open(os.path.join(root, name), "wb") as f:
+            f.seek(at)
+            f.write(blob + footer + struct.pack("<I", zlib.crc32(footer)))
+    return keys
+
+
+def _open_dir(root: str) -> Any:
+    from lifeboat_cache.tiers.segment import SegmentDir
+
+    return SegmentDir(__import__("pathlib").Path(root), capacity_bytes=1 << 62, segment_bytes=1 << 30,
+                      refresh_interval_s=3600, evict=False)
+
+
+def _time_reopen(root: str, probe: np.ndarray) -> tuple[float, float, float]:
+    """(seconds to the first hit among probe keys, to the full index, process CPU seconds until then)
+    of a fresh open: on a shared machine the CPU seconds are the reopen's own cost."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    d = _open_dir(root)
+    d.open(background=True)
+    first = float("nan")
+    while True:
+        hit = d.index.contains(probe)
+        if hit.any() and first != first:
+            first = time.perf_counter() - t0
+        if d.rebuilt and hit.all():
+            break
+        time.sleep(REOPEN_POLL_S)
+    full = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    d._closed.set()  # stop its refresh thread; close() would save a snapshot
+    return first, full, cpu
+
+
+def measure_reopen(n: int) -> dict[str, Any]:
+    """Reopen of n pages in sealed segments: after a clean close (snapshot), after a crash (no
+    snapshot), and with a stale snapshot (10% of the pages in segments written after it)."""
+    import shutil
+    import tempfile
+
+    from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
+
+    root = tempfile.mkdtemp(prefix="lifeboat-reopen-")
+    try:
+        old = n - n // 10
+        keys = _make_store(root, old)
+        d = _open_dir(root)
+        d.open(background=False)
+        d.close()  # writes the snapshot of the old part
+        stale_snap = open(os.path.join(root, SNAPSHOT_NAME), "rb").read()
+        keys = np.concatenate([keys, _make_store(root, n - old, first_unit=(old + PER_UNIT - 1) // PER_UNIT)])
+        probe = keys[np.random.default_rng(1).integers(0, n, BATCH)]
+        out: dict[str, Any] = {"pages": n, "units": len([f for f in os.listdir(root) if f.endswith(".seg")])}
+        out["stale_first_hit_s"], out["stale_full_s"], out["stale_cpu_s"] = _time_reopen(root, probe)
+        d = _open_dir(root)
+        d.open(background=False)
+        d.close()  # a fresh snapshot of everything
+        out["snapshot_bytes"] = os.path.getsize(os.path.join(root, SNAPSHOT_NAME))
+        out["clean_first_hit_s"], out["clean_full_s"], out["clean_cpu_s"] = _time_reopen(root, probe)
+        os.unlink(os.path.join(root, SNAPSHOT_NAME))
+        out["crash_first_hit_s"], out["crash_full_s"], out["crash_cpu_s"] = _time_reopen(root, probe)
+        del stale_snap
+        return out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+REOPEN_COLUMNS = [("pages", "pages", "{:,}"), ("units", "segments", "{:,}"),
+                  ("clean_first_hit_s", "clean: first hit s", "{:.3f}"), ("clean_full_s", "clean: full s", "{:.3f}"),
+                  ("clean_cpu_s", "clean: CPU s", "{:.3f}"),
+                  ("stale_first_hit_s", "stale: first hit s", "{:.3f}"), ("stale_full_s", "stale: full s", "{:.3f}"),
+                  ("stale_cpu_s", "stale: CPU s", "{:.3f}"),
+                  ("crash_first_hit_s", "crash: first hit s", "{:.3f}"), ("crash_full_s", "crash: full s", "{:.3f}"),
+                  ("crash_cpu_s", "crash: CPU s", "{:.3f}")]
+
+
+def reopen_table(rows: Sequence[dict[str, Any]]) -> str:
+    head = [h for _, h, _ in REOPEN_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join(f.format(r[k]) for k, _, f in REOPEN_COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def _child(n: int, quick: bool, impl: str | None, reopen: bool = False) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "lifeboat_cache.bench.index_scale", "--one" if not reopen else "--reopen-one", str(n)]
     if quick:
         cmd.append("--quick")
     if impl:
@@ -198,9 +310,9 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def run(sizes: Sequence[int] = (10_000, 100_000, 1_000_000, 10_000_000), quick: bool = False,
-        impl: str | None = None, **_: Any) -> dict[str, Any]:
+        impl: str | None = None, reopen: bool = True, **_: Any) -> dict[str, Any]:
     """Measure every size (each in a child process), print the table, return the rows."""
-    rows = []
+    rows, reopen_rows = [], []
     for n in sizes:
         r = _child(int(n), quick, impl)
         r["impl"] = os.path.basename(impl) if impl else "index"
@@ -211,7 +323,15 @@ def run(sizes: Sequence[int] = (10_000, 100_000, 1_000_000, 10_000_000), quick: 
     print(f"Index scale ({machine}, load {load:.1f}; wall-clock percentiles include time the OS ran others; exists = contains of {BATCH} stored keys; writer: Index.insert, "
           f"{WRITER_BATCH} per {WRITER_PAUSE_S * 1e3:.1f} ms pause)")
     print(table(rows))
-    return {"machine": machine, "load_avg_1min": load, "rows": rows}
+    if reopen and impl is None:
+        for n in sizes:
+            reopen_rows.append(_child(int(n), quick, None, reopen=True))
+            log.info("index reopen: %s", reopen_rows[-1])
+        print(f"Reopen of sealed segments ({PER_UNIT} pages each; synthetic trailers): first hit among {BATCH} "
+              f"stored keys and full index, after a clean close (snapshot), a stale snapshot (10% newer "
+              f"pages) and a crash (no snapshot)")
+        print(reopen_table(reopen_rows))
+    return {"machine": machine, "load_avg_1min": load, "rows": rows, "reopen_rows": reopen_rows}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -220,11 +340,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sizes", default="10000,100000,1000000,10000000")
     p.add_argument("--impl", default=None, help="an index.py to measure instead of lifeboat_cache.index")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--reopen-one", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--no-reopen", action="store_true", help="skip the reopen measurement")
     a = p.parse_args(argv)
+    if a.reopen_one is not None:
+        print(json.dumps(measure_reopen(a.reopen_one)))
+        return 0
     if a.one is not None:
         print(json.dumps(measure(a.one, a.quick, a.impl)))
         return 0
-    run([int(x) for x in a.sizes.split(",")], a.quick, a.impl)
+    run([int(x) for x in a.sizes.split(",")], a.quick, a.impl, reopen=not a.no_reopen)
     return 0
 
 

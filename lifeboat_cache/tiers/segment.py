@@ -48,6 +48,7 @@ AUTO_CAPACITY_MAX_BYTES = 64 << 30
 ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long, is sealed by the next open
 OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
+_BATCH_MIN = 1 << 16  # entries per bulk index insert during the initial rebuild (at least)
 DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
 CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (one pread) while busy
 CHANGE_POLL_IDLE_S = 0.02  # ... and after a second without any change (idle CPU: ~0.2% of a core per directory)
@@ -144,6 +145,11 @@ class SegmentDir:
         self._changes: ChangeCounter | None = None
         self._seen_changes = (0, 0)
         self._last_change = 0.0  # monotonic time the counter last changed (the poll speeds up)
+        # the initial rebuild batches index inserts (one merge per batch, not per segment): batches of
+        # at least _BATCH_MIN entries that double as the index grows, so the first hits come early
+        self._batch_owner: int | None = None  # thread id of the rebuild while it batches
+        self._batch: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._batch_n = self._batched = 0
         self.counters: dict[str, int] = {
             "change_catch_ups": 0,
             "scan_records": 0, "scan_torn": 0, "scan_damaged_bytes": 0, "evicted_segments": 0,
@@ -213,12 +219,18 @@ class SegmentDir:
 
     def _rebuild(self) -> None:
         t0 = time.perf_counter()
+        self._batch_owner = threading.get_ident()
         try:
             self._load_quarantine()
             self._load_snapshot()
             self._refresh(initial=True)
         except Exception:  # never let the index thread die on a bad directory
             log.exception("lifeboat: initial index rebuild of %s failed", self.path)
+        finally:
+            try:
+                self._flush_batch()
+            finally:
+                self._batch_owner = None
         self.counters["rebuild_ms"] = int((time.perf_counter() - t0) * 1000)
         self._rebuilt.set()
         log.info("lifeboat: %s index rebuilt: %d pages in %d ms", self.path, len(self.index),
@@ -345,7 +357,8 @@ class SegmentDir:
             if initial:
                 self._adopt_if_orphan(unit)
             self._scan(unit)
-        compaction.apply(self)
+        self._flush_batch()  # before eviction may drop a unit whose entries are still batched
+        compaction.apply(self)  # purge rules, after the batched entries are in the index
         self._auto_gc()
 
     def _add_unit(self, name: str, own: bool = False) -> _Unit:
@@ -365,9 +378,38 @@ class SegmentDir:
                 keep = ~np.isin(offs.astype(np.uint64), np.fromiter(bad, dtype=np.uint64, count=len(bad)))
                 keys, offs, lens = keys[keep], offs[keep], lens[keep]
         if len(keys):
-            self.index.insert_arrays(np.asarray(keys, np.int64), np.full(len(keys), unit.id, np.uint32),
-                                     np.asarray(offs, np.uint64), np.asarray(lens, np.uint32), if_absent=True)
+            self._insert(np.asarray(keys, np.int64), np.full(len(keys), unit.id, np.uint32),
+                         np.asarray(offs, np.uint64), np.asarray(lens, np.uint32))
         return len(keys)
+
+    def _insert(self, keys: np.ndarray, units: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> None:
+        """Index entries if absent: at once, or batched while this thread runs the initial rebuild."""
+        if self._batch_owner != threading.get_ident():
+            self.index.insert_arrays(keys, units, offs, lens, if_absent=True)
+            return
+        pos = 0
+        while pos < len(keys):  # a big input (a snapshot) goes in growing pieces too
+            end = pos + max(1, max(_BATCH_MIN, self._batched) - self._batch_n)
+            self._batch.append((keys[pos:end], units[pos:end], offs[pos:end], lens[pos:end]))
+            self._batch_n += len(self._batch[-1][0])
+            pos = end
+            if self._batch_n >= max(_BATCH_MIN, self._batched):
+                self._flush_batch()
+
+    def _flush_batch(self) -> None:
+        """Index the batched entries in one bulk insert, leaving out units dropped meanwhile."""
+        if not self._batch:
+            return
+        parts, self._batch, self._batch_n = self._batch, [], 0
+        keys, units, offs, lens = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        with self._lock:  # unit ids are small: a table of the live ones, one gather per entry
+            alive = np.zeros(max(self._next_unit, int(units.max()) + 1), bool)
+            alive[[uid for uid, u in self._units.items() if not u.dropped]] = True
+        keep = alive[units]
+        if not keep.all():
+            keys, units, offs, lens = keys[keep], units[keep], offs[keep], lens[keep]
+        self.index.insert_arrays(keys, units, offs, lens, if_absent=True)
+        self._batched += len(keys)
 
     def _index_walk(self, unit: _Unit, w: recovery.Walk) -> None:
         if w.entries:
@@ -811,8 +853,11 @@ class SegmentDir:
                      for u in self._units.values() if u.sealed and not u.own and u.scanned == u.size]
             arrays = self.index.export()
         keep = np.isin(arrays["units"], np.array([u.id for u in units], dtype=np.uint32))
+        order = np.flatnonzero(keep)
+        # grouped by unit, each in record order (as its trailer): on load no sort and no per-entry search
+        order = order[np.lexsort((arrays["offsets"][order], arrays["units"][order]))]
         try:
-            snap.save(self.path, units, {k: v[keep] for k, v in arrays.items()}, self.file_mode)
+            snap.save(self.path, units, {k: v[order] for k, v in arrays.items()}, self.file_mode)
         except OSError as e:
             self._log_once("snapshot-save", "lifeboat: cannot save index snapshot in %s: %s", self.path, e)
 
@@ -838,23 +883,33 @@ class SegmentDir:
                 unit.sealed = True
                 idmap[su.id] = unit
         old_ids = np.array(sorted(idmap), dtype=np.int64)
-        pos = np.searchsorted(old_ids, s.unit_ids.astype(np.int64)) if len(old_ids) else None
-        new_ids = np.zeros(len(s.unit_ids), np.uint32)
-        if pos is not None:
-            posc = np.minimum(pos, len(old_ids) - 1)
+        runs = snap.unit_runs(s.unit_ids)
+        if runs is not None:  # grouped by unit as saved: one lookup per unit
+            starts, ends, vals = runs
+            new_ids = np.repeat(np.array([idmap[v].id if v in idmap else 0 for v in vals.tolist()], np.uint32),
+                                ends - starts)
+        else:
+            new_ids = np.zeros(len(s.unit_ids), np.uint32)
+        if runs is None and len(old_ids):
+            posc = np.minimum(np.searchsorted(old_ids, s.unit_ids.astype(np.int64)), len(old_ids) - 1)
             hit = old_ids[posc] == s.unit_ids
             lookup = np.array([idmap[int(i)].id for i in old_ids], np.uint32)
             new_ids[hit] = lookup[posc[hit]]
         s.dropped += int((new_ids == 0).sum())
         self.counters["snapshot_dropped_entries"] += s.dropped
         by_unit = {u.id: u for u in idmap.values()}
-        for uid in np.unique(new_ids[new_ids != 0]).tolist():
-            m = new_ids == uid
-            self._index_entries(by_unit[uid], s.keys[m], s.offsets[m], s.lengths[m])
+        groups = _groups(new_ids)
+        if self._quarantine:
+            for uid, m in groups.items():
+                self._index_entries(by_unit[uid], s.keys[m], s.offsets[m], s.lengths[m])
+        else:  # one insert for all (no per-unit pass)
+            ok = new_ids != 0
+            self._insert(s.keys[ok], new_ids[ok], s.offsets[ok], s.lengths[ok])
         log.info("lifeboat: %s: loaded index snapshot with %d pages", self.path, int((new_ids != 0).sum()))
-        self._check_snapshot(list(idmap.values()), s, new_ids)
+        self._check_snapshot(list(idmap.values()), s, new_ids, groups)
 
-    def _check_snapshot(self, units: list[_Unit], s: snap.Snapshot, new_ids: np.ndarray) -> None:
+    def _check_snapshot(self, units: list[_Unit], s: snap.Snapshot, new_ids: np.ndarray,
+                        groups: dict[int, np.ndarray] | None = None) -> None:
         """Drop every unit whose snapshot entries are not all in its trailer, then index the trailers.
 
         Bad units are all dropped before any trailer is indexed, so a wrong entry can never keep a
@@ -862,6 +917,9 @@ class SegmentDir:
         """
         tables: dict[int, np.ndarray] = {}
         bad: list[_Unit] = []
+        if groups is None:
+            groups = _groups(new_ids)
+        none = np.empty(0, np.int64)
         for unit in units:
             try:
                 fd = self._acquire(unit)
@@ -874,11 +932,12 @@ class SegmentDir:
                 table = None
             finally:
                 self._release(unit)
-            m = new_ids == unit.id
+            m = groups.get(unit.id, none)
             if table is None or not _subset(s.keys[m], s.offsets[m], s.lengths[m], table):
                 bad.append(unit)
-            else:
+            elif len(table) != len(m):  # a subset of the same size is the trailer itself: nothing to add
                 tables[unit.id] = table
+        self._flush_batch()  # the snapshot's entries of a bad unit must be in the index to be dropped
         for unit in bad:
             self.counters["snapshot_mismatched_units"] += 1
             self.index.drop_unit(unit.id)
@@ -920,12 +979,31 @@ class SegmentDir:
             self._changes.close()
 
 
+def _groups(ids: np.ndarray) -> dict[int, np.ndarray]:
+    """Positions of each nonzero id (one sort, not one pass over all ids per id)."""
+    if len(ids) < 2 or bool((ids[1:] >= ids[:-1]).all()):  # saved grouped by unit (save_snapshot)
+        order, sid = np.arange(len(ids)), ids
+    else:
+        order = np.argsort(ids, kind="stable")
+        sid = ids[order]
+    cuts = np.flatnonzero(np.diff(sid)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(sid)]))
+    return {int(sid[a]): order[a:b] for a, b in zip(starts.tolist(), ends.tolist()) if a < b and sid[a] != 0}
+
+
 def _subset(keys: np.ndarray, offs: np.ndarray, lens: np.ndarray, table: np.ndarray) -> bool:
     """Whether every (key, offset, length) is a row of the trailer table."""
     if not len(keys):
         return True
-    order = np.argsort(table["offset"], kind="stable")
-    t_off = table["offset"][order]
+    if len(keys) == len(table) and bool((table["offset"] == offs).all()):  # saved in trailer order
+        return bool((table["key"] == keys).all() and (table["length"] == lens).all())
+    t_off = table["offset"]
+    if len(t_off) > 1 and not bool((t_off[1:] >= t_off[:-1]).all()):  # records are appended: sorted
+        order = np.argsort(t_off, kind="stable")
+    else:
+        order = np.arange(len(t_off))
+    t_off = t_off[order]
     pos = np.searchsorted(t_off, offs)
     if (pos >= len(t_off)).any():
         return False

@@ -57,7 +57,8 @@ def _array(zf: zipfile.ZipFile, name: str, limit: int) -> np.ndarray:
         raise SnapshotError(f"no {name} array") from None
     if info.compress_type != zipfile.ZIP_STORED or info.file_size > limit:
         raise SnapshotError(f"{name}: compressed or larger than the file")
-    buf = io.BytesIO(zf.read(info))
+    data = zf.read(info)
+    buf = io.BytesIO(data)  # shares the bytes, no copy
     try:
         version = np.lib.format.read_magic(buf)
         reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -69,9 +70,10 @@ def _array(zf: zipfile.ZipFile, name: str, limit: int) -> np.ndarray:
     if dtype != _ARRAYS[name] or fortran or len(shape) != 1 or not isinstance(shape[0], int):
         raise SnapshotError(f"{name}: expected a 1-D {_ARRAYS[name]} array, got {dtype} {shape}")
     start = buf.tell()
-    if shape[0] < 0 or shape[0] * dtype.itemsize != len(buf.getbuffer()) - start:
+    if shape[0] < 0 or shape[0] * dtype.itemsize != len(data) - start:
         raise SnapshotError(f"{name}: length does not match its header")
-    return np.frombuffer(buf.getbuffer(), dtype=dtype, count=shape[0], offset=start).copy()
+    # a read-only view of the member's bytes (no copy): every consumer copies what it keeps
+    return np.frombuffer(data, dtype=dtype, count=shape[0], offset=start)
 
 
 def _units(meta: object) -> list[SnapshotUnit]:
@@ -127,16 +129,36 @@ def parse(data: bytes) -> Snapshot:
     # an entry must name a listed unit and lie inside what that unit had when saved
     ids = np.array(sorted(u.id for u in units), dtype=np.int64)
     scanned = np.array([u.scanned for u in sorted(units, key=lambda u: u.id)], dtype=np.uint64)
-    pos = np.searchsorted(ids, uids.astype(np.int64)) if len(ids) else np.zeros(len(uids), np.int64)
-    posc = np.minimum(pos, max(len(ids) - 1, 0))
     ok = np.zeros(len(uids), bool)
     if len(ids):
-        ok = ids[posc] == uids.astype(np.int64)
+        runs = unit_runs(uids)
+        if runs is not None:  # saved grouped by unit: look up each run's unit once, not each entry's
+            starts, ends, vals = runs
+            posc = np.minimum(np.searchsorted(ids, vals.astype(np.int64)), len(ids) - 1)
+            ok = np.repeat(ids[posc] == vals.astype(np.int64), ends - starts)
+            limit = np.repeat(scanned[posc], ends - starts)
+        else:
+            posc = np.minimum(np.searchsorted(ids, uids.astype(np.int64)), len(ids) - 1)
+            ok = ids[posc] == uids.astype(np.int64)
+            limit = scanned[posc]
         ok &= lens >= HEADER_SIZE
-        limit = scanned[posc]
         ok &= (offs <= limit) & (lens.astype(np.uint64) <= limit - np.minimum(offs, limit))
     n_bad = int((~ok).sum())
+    if not n_bad:  # the usual case: no copies
+        return Snapshot(units, keys, uids, offs, lens)
     return Snapshot(units, keys[ok], uids[ok], offs[ok], lens[ok], dropped=n_bad)
+
+
+def unit_runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(starts, ends, values) of the runs of equal ids when ids are sorted (as saved), else None."""
+    if len(ids) and not bool((ids[1:] >= ids[:-1]).all()):
+        return None
+    cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+    starts = np.concatenate(([0], cuts)).astype(np.int64)
+    ends = np.concatenate((cuts, [len(ids)])).astype(np.int64)
+    if not len(ids):
+        starts = ends = np.empty(0, np.int64)
+    return starts, ends, ids[starts]
 
 
 def load(directory: Path) -> Snapshot | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from harness import FIGURES, STRESS, check, cli, config, record_map, run_writer, snapshot_tree, write_keys
 
+from lifeboat_cache.tiers.segfile import read_table
 from lifeboat_cache.tiers.segment import ORPHAN_IDLE_S
 
 THREADS, PAGES = 6, 48
@@ -73,9 +74,16 @@ def test_bit_flip_in_unsealed_segment_costs_one_record_and_verify_reports_it(tmp
     """A flipped bit in the middle of an unsealed segment: every other page is still served, no page
     is wrong, `verify` (read-only, changes nothing) reports the damage, and `verify --fix` records it."""
     store = tmp_path / "store"
-    cfg = config(tmp_path, store)
+    # segments far larger than the ~1.5 MiB written: with 1 MiB ones the io worker that happened to
+    # write most filled one, which was sealed at the size limit, and the bit flip landed there
+    cfg = config(tmp_path, store, segment_size="16MiB")
     acked = run_writer(cfg, 2, 64)  # SIGKILL at DONE: segments stay unsealed
     seg = max(store.glob("*.seg"), key=lambda p: p.stat().st_size)
+    fd = os.open(seg, os.O_RDONLY)
+    try:
+        assert read_table(fd, os.fstat(fd).st_size) is None, "the segment to damage is sealed"
+    finally:
+        os.close(fd)
     recs = record_map(seg)
     assert len(recs) >= 20
     off, length, _ = recs[len(recs) // 2]

@@ -282,6 +282,12 @@ def test_scale_benchmark_runs_end_to_end() -> None:
     assert all(r[k] > 0 for k in ("bulk_insert_s", "exists_idle_p50_ms", "exists_writer_p99_ms",
                                   "B_per_page_estimate"))
     assert "| index | 3,000 |" in table([r])
+    from lifeboat_cache.bench.index_scale import measure_reopen, reopen_table
+
+    ro = measure_reopen(5000)
+    assert all(ro[f"{m}_full_s"] >= ro[f"{m}_first_hit_s"] > 0 and ro[f"{m}_cpu_s"] > 0
+               for m in ("clean", "stale", "crash"))
+    assert ro["units"] == 3 and "| 5,000 | 3 |" in reopen_table([ro])
 
 
 def test_limited_address_space_starts_small_and_still_works(monkeypatch) -> None:
@@ -305,3 +311,62 @@ def test_limited_address_space_starts_small_and_still_works(monkeypatch) -> None
         ix.insert(k, Loc(2, 1, 1))
     ix.settle()
     assert len(ix) == 50_000 and ix.contains(keys).all() and ix.get(int(keys[0])) == Loc(2, 1, 1)
+
+
+def test_digest_cache_gives_the_keyed_digests_and_stays_bounded() -> None:
+    """The store's digest cache returns exactly what keys.digests computes, per namespace, for str and
+    bytes keys (also unhashable ones), and empties itself when full."""
+    import os
+
+    from lifeboat_cache.keys import DigestCache, digests
+
+    ns1, ns2 = os.urandom(16), os.urandom(16)
+    ks: list = [f"{i:064x}" for i in range(100)] + [b"raw-bytes", "raw-bytes"]
+    c = DigestCache(limit=150)
+    for _ in range(2):  # computed, then cached
+        for ns in (ns1, ns2):
+            ds, ik = c(ns, ks)
+            want_ds, want_ik = digests(ns, ks)
+            assert ds == want_ds and ik.dtype == np.int64 and ik.tolist() == want_ik.tolist()
+    assert not set(c(ns1, ks)[0]) & set(c(ns2, ks)[0])  # the namespace is in every digest
+    assert c(ns1, [bytearray(b"raw-bytes")])[0] == digests(ns1, [b"raw-bytes"])[0]
+    assert c._size <= 150
+    assert c(ns1, [])[1].shape == (0,)
+    with pytest.raises(TypeError, match="str or bytes"):
+        c(ns1, [5])
+
+
+def test_reopen_of_many_segments_indexes_every_entry(tmp_path) -> None:
+    """The initial rebuild batches its inserts: after a crash (no snapshot) and with a stale snapshot
+    (segments newer than it, one changed under it), every trailer entry is indexed at its location."""
+    import os
+
+    from lifeboat_cache.bench.index_scale import PER_UNIT, _make_store, _open_dir
+    from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
+
+    root = str(tmp_path)
+    n_old = 12 * PER_UNIT + 17
+    keys = _make_store(root, n_old)
+    d = _open_dir(root)
+    d.open(background=False)
+    d.close()
+    assert os.path.exists(os.path.join(root, SNAPSHOT_NAME))
+    keys = np.concatenate([keys, _make_store(root, 9 * PER_UNIT, first_unit=13)])
+
+    def check() -> None:
+        d = _open_dir(root)
+        d.open(background=False)
+        try:
+            assert d.rebuilt and len(d.index) == len(keys)
+            locs = d.index.get_many(keys)
+            names = sorted(f for f in os.listdir(root) if f.endswith(".seg"))
+            for i in range(0, len(keys), 997):
+                unit = i // PER_UNIT if i < n_old else 13 + (i - n_old) // PER_UNIT
+                assert d.unit_name(locs[i].unit) == names[unit] and locs[i].offset == (i % PER_UNIT if i < n_old
+                                                                                       else (i - n_old) % PER_UNIT) << 16
+        finally:
+            d._closed.set()
+
+    check()  # stale snapshot
+    os.unlink(os.path.join(root, SNAPSHOT_NAME))
+    check()  # crash: no snapshot
