@@ -266,8 +266,8 @@ class LaunchPlan:
 
 
 # Why each host layout is kept. Measured end to end against SGLang's `file` backend
-# (scripts/bench_sglang_backend.py, docs/sglang.md): page_first and layer_first are both well above it
-# with LifeboatCache's defaults, page_first by a little more, so the launch's layout is never switched.
+# (`lifeboat bench --only sglang_vs_file`, docs/sglang.md): page_first (SGLang's default) is where
+# LifeboatCache is fastest with its defaults; a layout set by hand is never switched.
 LAYOUT_REASONS = {
     "page_first": "SGLang's default and LifeboatCache's fastest: 2 blocks (K, V) per page, one pwritev / "
                   "preadv each, and the GPU copy stays SGLang's kernel io backend",

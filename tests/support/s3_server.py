@@ -1,6 +1,6 @@
 """moto's standalone S3 server on loopback, started and stopped from Python: the one launcher.
 
-Used by the ``s3_endpoint`` / ``s3_server`` fixtures (tests/conftest.py) and by scripts/bench_s3.py,
+Used by the ``s3_endpoint`` / ``s3_server`` fixtures (tests/conftest.py) and by benchmark runs
 which adds a fixed per-request latency (``latency_ms``) to model a remote object store.
 ``python tests/support/s3_server.py --serve PORT --latency-ms MS`` is the delayed server itself.
 """
