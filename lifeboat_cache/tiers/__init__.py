@@ -13,7 +13,7 @@ def open_tier(settings: TierSettings, *, background: bool = True, io_workers: in
 
     `io_workers` sizes a network tier's connection pool (default: the engine default);
     `deadline_s` (engine.deadline_s) bounds a network tier's data-path request timeouts.
-    `read_only` / `evict=False`: see ChunkStore.open (file tiers honour them; S3 has no eviction).
+    `read_only` / `evict=False`: see ChunkStore.open (every tier honours them).
     """
     if settings.type == "local":
         return LocalTier(settings, read_only=read_only, evict=evict).open(background=background)
@@ -25,7 +25,7 @@ def open_tier(settings: TierSettings, *, background: bool = True, io_workers: in
         from .s3 import S3Tier
 
         return S3Tier(settings, io_workers=io_workers or DEFAULT_IO_WORKERS,
-                      deadline_s=deadline_s).open(background=background)
+                      deadline_s=deadline_s, read_only=read_only, evict=evict).open(background=background)
     raise ValueError(f"unknown tier type {settings.type!r}")
 
 

@@ -182,10 +182,14 @@ class S3Tier(SingleIndexTier):
     batch_writes = True  # the store hands its put() batches to write_many: one object per batch
 
     def __init__(self, settings: TierSettings, *, io_workers: int = DEFAULT_IO_WORKERS,
-                 client: Any = None, name: str | None = None, deadline_s: float | None = None) -> None:
+                 client: Any = None, name: str | None = None, deadline_s: float | None = None,
+                 read_only: bool = False, evict: bool = True) -> None:
         if not settings.bucket:
             raise ValueError("an s3 tier needs a bucket")
         self.settings = settings
+        # read_only (`lifeboat stats` / `verify`): no object is written or deleted; evict=False: the
+        # background thread never evicts (only an explicit gc() does)
+        self.read_only, self.evict = read_only, evict and not read_only
         self.bucket = settings.bucket
         self.prefix = _norm_prefix(settings.prefix)
         self.data_prefix = self.prefix + DATA_DIR
@@ -264,6 +268,8 @@ class S3Tier(SingleIndexTier):
             full = not self._listed_ok or time.monotonic() - self._last_full >= FULL_RELIST_S
             self._refresh(full=full)
             self._retry_bad()
+            if not self.evict:
+                continue
             try:
                 self.gc()
             except Exception:  # never let the index thread die
@@ -588,6 +594,8 @@ class S3Tier(SingleIndexTier):
             return
         with self._lock:
             self._quarantine.add((obj.name, ref.loc.offset))
+        if self.read_only:
+            return  # remembered in this process only: a read-only open writes nothing
         mark = json.dumps({"length": ref.loc.length, "reason": reason, "time": time.time()}).encode()
         try:
             self._call("put_object", background=True, Body=mark, **self._put_extra,
@@ -620,7 +628,7 @@ class S3Tier(SingleIndexTier):
     def gc(self) -> int:
         """Delete whole oldest objects until usage <= capacity. Returns bytes freed."""
         cap = self.settings.capacity_bytes
-        if cap is None or not self._gc_lock.acquire(blocking=False):
+        if cap is None or self.read_only or not self._gc_lock.acquire(blocking=False):
             return 0
         try:
             with self._lock:

@@ -271,3 +271,32 @@ def test_capacity_is_enforced_across_restarts(s3_endpoint: str) -> None:
     with ChunkStore.open(s, background=False) as st:
         assert st.tiers[0].usage_bytes() <= 256 << 10  # the listing agrees: objects were deleted
         assert all(read_back(st, ks[-4:], ps[-4:]))
+
+
+def test_read_only_open_never_evicts_or_writes(s3_endpoint: str) -> None:
+    """`lifeboat stats` / `verify` open the store read-only: a smaller `capacity:` in their config must
+    not delete objects, and a bad record they meet is not marked in the bucket; only gc() evicts."""
+    bucket = new_bucket(s3_endpoint)
+    ks, ps = keys(40), pages(40, seed=11, size=16384)
+    big = settings_from_dict({"storage": [s3_entry(s3_endpoint, bucket)], "engine": {"compression": "none"}})
+    with ChunkStore.open(big, background=False) as st:
+        for i in range(0, 40, 4):
+            assert all(st.put(NS, ks[i: i + 4], ps[i: i + 4]))
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+
+    def objects() -> list[str]:
+        return sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", []))
+
+    before = objects()
+    small = settings_from_dict({"storage": [s3_entry(s3_endpoint, bucket, capacity="64KiB")],
+                                "engine": {"compression": "none"}})
+    with ChunkStore.open(small, read_only=True) as st:
+        assert st.wait_rebuilt(10)
+        time.sleep(1.0)  # five refresh rounds of the background thread (refresh_interval_s 0.2)
+        assert st.tiers[0].gc() == 0
+        assert all(read_back(st, ks, ps))
+    assert objects() == before
+    with ChunkStore.open(small) as st:  # a serving open evicts down to the capacity
+        assert st.wait_rebuilt(10)
+        assert wait_for(lambda: st.tiers[0].usage_bytes() <= 64 << 10, timeout=10)
+    assert len(objects()) < len(before)
