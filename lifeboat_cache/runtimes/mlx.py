@@ -317,6 +317,47 @@ def install_chunks(pool: Any, slots: np.ndarray, chunks: np.ndarray, skip: int =
     mx.eval(*pool.all_buffers())
 
 
+def install_rows(pool: Any, slots: np.ndarray, rows: np.ndarray, skip: int = 0) -> None:
+    """Scatter stored rows in pool layout into pool slots (scheduler thread); the fast restore path.
+
+    ``rows`` is ``[layers, 2, R, heads, head_dim]`` (what :class:`ChunkReader` reads records into:
+    each layer's K or V rows already contiguous, token-major like the pool). Rows ``skip..R-1`` go
+    to ``slots``. Per layer and K/V: one copy of numpy into MLX and one slice update (or the pool's
+    own ``set_kv_all_layers`` for scattered slots); no transpose, no staging array of all layers.
+    The updates are left lazy: SGLang's prefill, which reads these rows next, evaluates them with
+    its own graph (one evaluation instead of two).
+    """
+    import mlx.core as mx
+
+    layers, _, r, heads, dim = rows.shape
+    slots = np.asarray(slots)
+    n = r - skip
+    if len(slots) != n or n <= 0:
+        raise ValueError(f"install_rows: {len(slots)} slots for {n} rows")
+    if layers != pool.num_layers or (heads, dim) != (pool.n_kv_heads, pool.head_dim):
+        raise ValueError(f"install_rows: rows {rows.shape} do not fit the pool ({pool.num_layers} layers x "
+                         f"{pool.n_kv_heads} heads x {pool.head_dim})")
+    bf16 = pool.dtype == mx.bfloat16
+
+    def to_mx(x: np.ndarray) -> "mx.array":
+        a = mx.array(x)
+        if bf16:
+            return a.view(mx.bfloat16)
+        if a.dtype != pool.dtype:
+            raise ValueError(f"install_rows: row dtype {a.dtype} does not match the pool's {pool.dtype}")
+        return a
+
+    run = _contiguous(slots)
+    if run is not None:
+        a, b = run
+        for layer in range(layers):
+            pool.k_buffer[layer][a:b] = to_mx(rows[layer, 0, skip:])
+            pool.v_buffer[layer][a:b] = to_mx(rows[layer, 1, skip:])
+    else:
+        idx = mx.array(slots.astype(np.int32))
+        pool.set_kv_all_layers(idx, to_mx(rows[:, 0, skip:]), to_mx(rows[:, 1, skip:]))
+
+
 # -------------------------------------------------------------------------------------------- writer
 
 @dataclass
@@ -479,13 +520,25 @@ def drain_at_exit(engine: "MlxChunkEngine", timeout_s: float) -> None:
 
 @dataclass
 class ChunkRead:
-    """Chunks ``first .. first+n_ok-1`` of a chain, read into ``buf[:n_ok]`` (verified)."""
+    """Chunks ``first .. first+n_ok-1`` of a chain, read (verified) into ``rows``.
+
+    ``rows`` is in pool layout, ``[layers, 2, n*C, heads, head_dim]``: chunk i is rows
+    ``[i*C, (i+1)*C)`` of every layer's K and V, so the install copies each layer's rows with no
+    transpose (the read scatters each record's blocks there).
+    """
 
     keys: list[bytes]
     first: int
-    buf: np.ndarray
+    rows: np.ndarray
     n_ok: int
     seconds: float
+
+    @property
+    def buf(self) -> np.ndarray:
+        """The chunks in record layout, ``[n, layers, 2, C, heads, head_dim]`` (a view, no copy)."""
+        layers, two, r, heads, dim = self.rows.shape
+        n = len(self.keys)
+        return self.rows.reshape(layers, two, n, r // max(n, 1), heads, dim).transpose(2, 0, 1, 3, 4, 5)
 
 
 class ChunkReader:
@@ -502,11 +555,15 @@ class ChunkReader:
     def read(self, ns: bytes, keys: Sequence[bytes], first: int, affinity: int | None = None) -> ChunkRead:
         """Read ``keys`` (chunks ``first..``) and keep the verified leading run."""
         t0 = time.perf_counter()
-        buf = np.empty((len(keys), *self.fp.chunk_shape), dtype=self.fp.np_dtype)
-        ok = (self.store.get_into(ns, list(keys), [buf[i] for i in range(len(keys))], affinity=affinity)
-              if keys else [])
+        layers, two, c, heads, dim = self.fp.chunk_shape
+        rows = np.empty((layers, two, len(keys) * c, heads, dim), dtype=self.fp.np_dtype)
+        flat = rows.reshape(layers * two, len(keys) * c * heads * dim)
+        step = c * heads * dim
+        # chunk i's record is [layers, 2, C, heads, dim]: its 2*layers blocks land in their pool rows
+        pages = [[flat[j, i * step:(i + 1) * step] for j in range(layers * two)] for i in range(len(keys))]
+        ok = self.store.get_into(ns, list(keys), pages, affinity=affinity) if keys else []
         n_ok = ok.index(False) if False in ok else len(ok)
-        return ChunkRead(list(keys), first, buf, n_ok, time.perf_counter() - t0)
+        return ChunkRead(list(keys), first, rows, n_ok, time.perf_counter() - t0)
 
     def submit(self, ns: bytes, keys: Sequence[bytes], first: int,
                affinity: int | None = None) -> "Future[ChunkRead]":
@@ -747,7 +804,7 @@ class MlxChunkEngine:
         self.clock.add("pool_settle", t1 - t0)
         t0 = t1
         n = upto_chunk - read.first
-        install_chunks(pool, slots, read.buf[:n], skip)
+        install_rows(pool, slots, read.rows[:, :, :n * self.chunk], skip)
         self.clock.add("install", time.perf_counter() - t0)
 
     # -------------------------------------------------------------- hybrid state records
