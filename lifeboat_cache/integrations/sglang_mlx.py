@@ -51,8 +51,8 @@ from sglang.srt.mem_cache.unified_cache.components import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from ..config import ConfigError, Settings, load_settings
-from ..runtimes.mlx import (CHUNK_TOKENS, ChunkRead, MlxChunkEngine, ModelFingerprint, drain_at_exit, mx_dtype_name,
-                             weights_identity)
+from ..runtimes.mlx import (CHUNK_TOKENS, ChunkRead, MlxChunkEngine, ModelFingerprint, drain_at_exit, gather_chunks,
+                             gather_request_rows, mx_dtype_name, settle_pool, weights_identity)
 from ..statsfile import StatsReporter
 from ..runtimes.mlx_hybrid import HybridState
 
@@ -151,7 +151,17 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
         keys = self.lifeboat.keys(self.lifeboat.seed(req.extra_key, req.cache_salt), tokens, n_full)
         h = self.lifeboat.stored_run(keys[c0:])
         if h > 0:
-            self.lifeboat.prefetch(req.rid, keys[c0 + h - 1], keys[c0:c0 + h], c0, self.lifeboat.affinity(keys))
+            tail = self._stored_tail(keys, tokens, limit) if c0 + h == n_full else None
+            self.lifeboat.prefetch(req.rid, keys[c0 + h - 1], keys[c0:c0 + h], c0, self.lifeboat.affinity(keys),
+                                   tail)
+
+    def _stored_tail(self, keys: list[bytes], tokens: Any, stop: int) -> tuple[bytes, int] | None:
+        """The stored prompt tail after the full chunks of ``tokens[:stop]``, if any (not for hybrid
+        models: their recurrent state is only stored at chunk boundaries)."""
+        if self.hybrid is not None:
+            return None
+        tail = self.lifeboat.tail_of(keys, tokens, stop)
+        return tail if tail is not None and self.lifeboat.has_tail(tail[0]) else None
 
     # ------------------------------------------------------------------ read path
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
@@ -206,12 +216,18 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
             h = eng.stored_run(keys[c0:])
             if h <= 0:
                 return None
-            read = eng.read(keys[c0:c0 + h], c0, eng.affinity(keys))
+            tail = self._stored_tail(keys, tokens, len(key)) if c0 + h == n_full else None
+            read = eng.read(keys[c0:c0 + h], c0, eng.affinity(keys), tail)
         upto = read.first + read.n_ok  # chunks [0, upto) are available (tree + store)
         state_slot = None
         if self.hybrid is not None:
             upto, state_slot = self._restore_state(keys, read, upto, m)
-        end = upto * c
+        tail_rows = 0
+        if read.tail and upto == n_full and read.first + len(read.keys) == n_full:
+            want = eng.tail_of(keys, tokens, len(key))
+            if want is not None and want == (read.tail_key, read.tail):
+                tail_rows = read.tail  # the prompt's own tail, verified: restore all SGLang would match
+        end = upto * c + tail_rows
         if end <= m:
             self._free_state_slot(state_slot)
             return None
@@ -230,7 +246,7 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
             self.token_to_kv_pool_allocator.free(slots)
             self._free_state_slot(state_slot)
             return None
-        eng.install(pool, slots.numpy(), read, upto, m - read.first * c)
+        eng.install(pool, slots.numpy(), read, upto, m - read.first * c, tail_rows)
         insert = InsertParams(
             key=RadixKey(tokens[:end], key.extra_key, cache_salt=key.cache_salt),
             value=torch.cat([prefix.to(torch.int64), slots.to(torch.int64)]),
@@ -246,6 +262,8 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
         eng.counters.add("mlx_extensions")
         eng.counters.add("mlx_tokens_restored", restored)
         eng.counters.add("mlx_chunks_restored", upto - c0)
+        if tail_rows:
+            eng.counters.add("mlx_tails_restored")
         eng.clock.add("extend", time.perf_counter() - t0)
         eng.counters.observe("mlx_restore", time.perf_counter() - t0)
         log.debug("lifeboat: %s: prefix %d -> %d tokens from the store (read %.1f ms)",
@@ -345,8 +363,36 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
                 row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
                 slots = [row[i * eng.chunk:(i + 1) * eng.chunk].to(torch.int64).numpy() for i in todo]
                 eng.capture(pool, slots, [keys[i] for i in todo], affinity)
+        if self.hybrid is None:
+            self._capture_tail(req, keys, tokens, n, affinity)
         if tracked is not None:
             self._capture_state(req, tracked, keys, affinity)
+
+    def _capture_tail(self, req: "Req", keys: list[bytes], tokens: Any, n: int, affinity: int | None) -> None:
+        """Store the prompt's partial last chunk (what SGLang matches of the prompt past its full
+        chunks), so the same prompt restores as far as an in-memory hit would."""
+        eng = self.lifeboat
+        stop = len(req.origin_input_ids) - 1  # SGLang matches all but the last prompt token
+        if stop > n:
+            return
+        tail = eng.tail_of(keys, tokens, stop)
+        if tail is None or eng.writer.is_pending(tail[0]) or eng.has_tail(tail[0]):
+            return
+        t0 = time.perf_counter()
+        start = stop - tail[1]
+        req_cache = self._runner._req_caches.get(req.rid)
+        layers = self._runner._cache_layout.full_attention_layer_indices
+        if req_cache is not None and all(req_cache[li].keys is not None for li in layers):
+            kv = gather_request_rows([req_cache[li] for li in layers], start, stop)
+        else:
+            pool = self._pool()
+            if pool is None:
+                return
+            settle_pool(pool)
+            row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+            kv = gather_chunks(pool, row[start:stop].to(torch.int64).numpy(), tail[1])[0]
+        eng.capture_tail(kv, tail[0], affinity)
+        eng.clock.add("capture", time.perf_counter() - t0)
 
     def _capture_state(self, req: "Req", tracked: tuple[int, int], keys: list[bytes],
                        affinity: int | None) -> None:
