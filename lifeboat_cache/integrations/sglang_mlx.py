@@ -635,6 +635,7 @@ def create_lifeboat_radix_cache(ctx: "TreeCacheBuildContext") -> BasePrefixCache
         log.warning("lifeboat: the store index is still rebuilding after %.0f s; early requests may miss", wait_s)
     engine = MlxChunkEngine(store, fp, queue_bytes=settings.engine.copy_queue_bytes)
     store.counters.name_namespace(engine.ns, model=str(runner.model_path), kind="mlx-kv", dtype=fp.dtype)
+    store.counters.name_namespace(engine.tail_ns, model=str(runner.model_path), kind="mlx-kv-tail", dtype=fp.dtype)
     if hybrid is not None:
         store.counters.name_namespace(engine.state_ns, model=str(runner.model_path), kind="mlx-state")
     engine.reporter = StatsReporter(store, role="mlx", labels={"model": str(runner.model_path), "rank": "0"})

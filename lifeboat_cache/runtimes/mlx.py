@@ -874,10 +874,8 @@ class MlxChunkEngine:
         """Install chunks ``read.first .. upto_chunk-1`` and then ``tail`` rows of the prompt tail,
         minus the first ``skip`` rows (scheduler thread)."""
         t0 = time.perf_counter()
-        settle_pool(pool)  # e.g. a pool created lazily just now: its zero-fill is SGLang's cost
-        t1 = time.perf_counter()
-        self.clock.add("pool_settle", t1 - t0)
-        t0 = t1
+        # no settle here: the pool's pending writes and these rows are evaluated together by the
+        # prefill that reads them (MLX then updates the buffers in place instead of copying them)
         n = upto_chunk - read.first
         install_rows(pool, slots, read.rows[:, :, :n * self.chunk + tail], skip)
         self.clock.add("install", time.perf_counter() - t0)
