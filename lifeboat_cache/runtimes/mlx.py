@@ -352,8 +352,7 @@ def install_rows(pool: Any, slots: np.ndarray, rows: np.ndarray, skip: int = 0) 
     each layer's K or V rows already contiguous, token-major like the pool). Rows ``skip..R-1`` go
     to ``slots``. Per layer and K/V: one copy of numpy into MLX and one slice update (or the pool's
     own ``set_kv_all_layers`` for scattered slots); no transpose, no staging array of all layers.
-    The updates are left lazy: SGLang's prefill, which reads these rows next, evaluates them with
-    its own graph (one evaluation instead of two).
+    One evaluation of the pool at the end (no separate settle of its pending writes first).
     """
     import mlx.core as mx
 
@@ -384,6 +383,10 @@ def install_rows(pool: Any, slots: np.ndarray, rows: np.ndarray, skip: int = 0) 
     else:
         idx = mx.array(slots.astype(np.int32))
         pool.set_kv_all_layers(idx, to_mx(rows[:, 0, skip:]), to_mx(rows[:, 1, skip:]))
+    # evaluated here, with the pool's pending writes: left lazy inside SGLang's prefill graph, the
+    # prefill's own rows came out different in the last float bits (tests/integration/
+    # test_mlx_radix_cache.py::test_short_in_memory_match_is_extended_mid_chunk)
+    mx.eval(*pool.all_buffers())
 
 
 # -------------------------------------------------------------------------------------------- writer
@@ -874,8 +877,7 @@ class MlxChunkEngine:
         """Install chunks ``read.first .. upto_chunk-1`` and then ``tail`` rows of the prompt tail,
         minus the first ``skip`` rows (scheduler thread)."""
         t0 = time.perf_counter()
-        # no settle here: the pool's pending writes and these rows are evaluated together by the
-        # prefill that reads them (MLX then updates the buffers in place instead of copying them)
+        # no settle first: install_rows evaluates the pool's pending writes together with these rows
         n = upto_chunk - read.first
         install_rows(pool, slots, read.rows[:, :, :n * self.chunk + tail], skip)
         self.clock.add("install", time.perf_counter() - t0)

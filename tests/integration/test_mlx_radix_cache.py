@@ -84,13 +84,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
                                               {"op": "flush"}])
     warm = _run(model_a, xdg, root / "warm", [
         _gen("P", "P", rows=LIMIT), {"op": "reset_tree"},
-        _gen("P_CUT", "P_CUT", rows=N_FULL * C), {"op": "reset_tree"},
         _gen("R", "R"), {"op": "reset_tree"},
         _gen("SHIFT", "SHIFT"), {"op": "reset_tree"},
         _gen("Q", "Q", rows=LIMIT), {"op": "reset_tree"},
         _gen("P_salted", "P", cache_salt="tenant-2"), {"op": "reset_tree"},
         _gen("P_lora", "P", extra_key="lora-7"), {"op": "reset_tree"},
-        _gen("HEAD", "HEAD"), _gen("P_after_head", "P", rows=LIMIT),
+        _gen("HEAD", "HEAD"), _gen("P_after_head", "P", rows=LIMIT), {"op": "reset_tree"},
+        _gen("P_CUT", "P_CUT", rows=N_FULL * C),
     ])
     other_model = _run(model_b, xdg, root / "other-model", [_gen("P", "P")])
     return {"root": root, "model_a": model_a, "xdg": xdg, "cold": cold, "warm": warm, "other_model": other_model}
