@@ -150,7 +150,14 @@ def test_short_in_memory_match_is_extended_mid_chunk(world: dict) -> None:
     assert steps["HEAD"]["cached_tokens"] == C  # HEAD: chunk 0 from the store, the rest computed
     after = steps["P_after_head"]
     assert after["cached_tokens"] == LIMIT  # tree had 100 tokens; the store filled 100..298
-    assert _bitwise_equal(_rows(world, "warm", "P_after_head"), _rows(world, "cold", "P"))
+    warm, cold = _rows(world, "warm", "P_after_head"), _rows(world, "cold", "P")
+    # Rows that came from the store (chunk 0, restored for HEAD, and 100..298: chunks and the prompt's
+    # tail, restored now) are the cold run's own bytes: bitwise equal. Rows 64..99 were computed by
+    # HEAD's prefill, a forward pass of another shape than the cold run's: BLAS may sum in another
+    # order there, so they are equal to rounding only (SGLang's own guarantee for a recomputed prefix).
+    stored = np.r_[0:C, 100:LIMIT]
+    assert _bitwise_equal(tuple(x[:, stored] for x in warm), tuple(x[:, stored] for x in cold))
+    assert all(np.allclose(x[:, C:100], y[:, C:100], rtol=1e-4, atol=1e-5) for x, y in zip(warm, cold))
     assert after["output_ids"] == world["cold"]["steps"]["P"]["output_ids"]
 
 
