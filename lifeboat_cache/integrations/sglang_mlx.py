@@ -7,10 +7,12 @@ additions, all on the scheduler thread that owns the MLX pool:
 
 * **write** (``checkpoint`` of a finished request): the request's full 64-token chunks that the store
   does not hold yet are gathered out of ``MlxAttentionKVPool``, evaluated, and handed as numpy views to
-  the background writer (``runtimes/mlx.py``), which stores them uncompressed in the local tier.
+  the background writer (``runtimes/mlx.py``), which stores them uncompressed in the local tier;
+  so is the prompt's partial last chunk (its *tail*, up to 63 tokens, in its own namespace), so the
+  same prompt again restores all SGLang matches (all but its last token) and prefills one token.
 * **read** (``match_prefix``): a short in-memory match is extended with the consecutive chunks the
-  store holds: pool slots are allocated (evicting if needed), the K/V rows installed with
-  ``set_kv_all_layers``, the tokens inserted into the tree, and the longer match returned. The read
+  store holds (and the prompt's tail when every chunk before it is stored): pool slots are allocated
+  (evicting if needed), the K/V rows installed (one slice update per layer and K/V), the tokens inserted into the tree, and the longer match returned. The read
   itself starts when the request *arrives* (``on_request_arrival``, called from the scheduler's
   ``_prefetch_kvcache`` which we wrap), so it overlaps the request's wait in the queue.
 * **hybrid models** (linear attention / mamba + attention): the recurrent state is stored at the chunk
