@@ -12,7 +12,8 @@ additions, all on the scheduler thread that owns the MLX pool:
   same prompt again restores all SGLang matches (all but its last token) and prefills one token.
 * **read** (``match_prefix``): a short in-memory match is extended with the consecutive chunks the
   store holds (and the prompt's tail when every chunk before it is stored): pool slots are allocated
-  (evicting if needed), the K/V rows installed (one slice update per layer and K/V), the tokens inserted into the tree, and the longer match returned. The read
+  (evicting if needed), the K/V rows installed (one slice update per layer and K/V), the tokens
+  inserted into the tree, and the longer match returned. The read
   itself starts when the request *arrives* (``on_request_arrival``, called from the scheduler's
   ``_prefetch_kvcache`` which we wrap), so it overlaps the request's wait in the queue.
 * **hybrid models** (linear attention / mamba + attention): the recurrent state is stored at the chunk
