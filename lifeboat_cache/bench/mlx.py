@@ -57,7 +57,7 @@ def one_process(model: Path, prefix_tokens: int, new_tokens: int, work: Path) ->
     c, r, h = (res["steps"][k] for k in "CRH")
     return {
         "prompt_tokens": len(prompt), "prefix_tokens": prefix_tokens, "processes": 1,
-        "restorable_tokens": (len(prompt) - 1) // CHUNK * CHUNK,
+        "restorable_tokens": len(prompt) - 1,  # full chunks + the prompt tail record
         "restored_cached_tokens": r.get("cached_tokens"), "hit_cached_tokens": h.get("cached_tokens"),
         "recompute_ttft_s": c["ttft_s"], "restored_ttft_s": r["ttft_s"], "memory_hit_ttft_s": h["ttft_s"],
         "speedup_vs_recompute": c["ttft_s"] / r["ttft_s"], "restored_vs_memory_hit": r["ttft_s"] / h["ttft_s"],
@@ -86,7 +86,7 @@ def one(model: Path, prefix_tokens: int, new_tokens: int, work: Path) -> dict[st
     b, h = baseline["steps"]["P"], baseline["steps"]["H"]
     return {
         "prompt_tokens": len(prompt), "prefix_tokens": prefix_tokens, "processes": 3,
-        "restorable_tokens": (len(prompt) - 1) // CHUNK * CHUNK,
+        "restorable_tokens": len(prompt) - 1,  # full chunks + the prompt tail record
         "restored_cached_tokens": r.get("cached_tokens"), "hit_cached_tokens": h.get("cached_tokens"),
         "store_pages_resident_before_restore": resident,
         "recompute_ttft_s": c["ttft_s"], "restored_ttft_s": r["ttft_s"],

@@ -7,10 +7,13 @@ additions, all on the scheduler thread that owns the MLX pool:
 
 * **write** (``checkpoint`` of a finished request): the request's full 64-token chunks that the store
   does not hold yet are gathered out of ``MlxAttentionKVPool``, evaluated, and handed as numpy views to
-  the background writer (``runtimes/mlx.py``), which stores them uncompressed in the local tier.
+  the background writer (``runtimes/mlx.py``), which stores them uncompressed in the local tier;
+  so is the prompt's partial last chunk (its *tail*, up to 63 tokens, in its own namespace), so the
+  same prompt again restores all SGLang matches (all but its last token) and prefills one token.
 * **read** (``match_prefix``): a short in-memory match is extended with the consecutive chunks the
-  store holds: pool slots are allocated (evicting if needed), the K/V rows installed with
-  ``set_kv_all_layers``, the tokens inserted into the tree, and the longer match returned. The read
+  store holds (and the prompt's tail when every chunk before it is stored): pool slots are allocated
+  (evicting if needed), the K/V rows installed (one slice update per layer and K/V), the tokens
+  inserted into the tree, and the longer match returned. The read
   itself starts when the request *arrives* (``on_request_arrival``, called from the scheduler's
   ``_prefetch_kvcache`` which we wrap), so it overlaps the request's wait in the queue.
 * **hybrid models** (linear attention / mamba + attention): the recurrent state is stored at the chunk
@@ -51,8 +54,8 @@ from sglang.srt.mem_cache.unified_cache.components import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from ..config import ConfigError, Settings, load_settings
-from ..runtimes.mlx import (CHUNK_TOKENS, ChunkRead, MlxChunkEngine, ModelFingerprint, drain_at_exit, mx_dtype_name,
-                             weights_identity)
+from ..runtimes.mlx import (CHUNK_TOKENS, ChunkRead, MlxChunkEngine, ModelFingerprint, drain_at_exit, gather_chunks,
+                             gather_request_rows, mx_dtype_name, settle_pool, weights_identity)
 from ..statsfile import StatsReporter
 from ..runtimes.mlx_hybrid import HybridState
 
@@ -151,7 +154,17 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
         keys = self.lifeboat.keys(self.lifeboat.seed(req.extra_key, req.cache_salt), tokens, n_full)
         h = self.lifeboat.stored_run(keys[c0:])
         if h > 0:
-            self.lifeboat.prefetch(req.rid, keys[c0 + h - 1], keys[c0:c0 + h], c0, self.lifeboat.affinity(keys))
+            tail = self._stored_tail(keys, tokens, limit) if c0 + h == n_full else None
+            self.lifeboat.prefetch(req.rid, keys[c0 + h - 1], keys[c0:c0 + h], c0, self.lifeboat.affinity(keys),
+                                   tail)
+
+    def _stored_tail(self, keys: list[bytes], tokens: Any, stop: int) -> tuple[bytes, int] | None:
+        """The stored prompt tail after the full chunks of ``tokens[:stop]``, if any (not for hybrid
+        models: their recurrent state is only stored at chunk boundaries)."""
+        if self.hybrid is not None:
+            return None
+        tail = self.lifeboat.tail_of(keys, tokens, stop)
+        return tail if tail is not None and self.lifeboat.has_tail(tail[0]) else None
 
     # ------------------------------------------------------------------ read path
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
@@ -206,12 +219,18 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
             h = eng.stored_run(keys[c0:])
             if h <= 0:
                 return None
-            read = eng.read(keys[c0:c0 + h], c0, eng.affinity(keys))
+            tail = self._stored_tail(keys, tokens, len(key)) if c0 + h == n_full else None
+            read = eng.read(keys[c0:c0 + h], c0, eng.affinity(keys), tail)
         upto = read.first + read.n_ok  # chunks [0, upto) are available (tree + store)
         state_slot = None
         if self.hybrid is not None:
             upto, state_slot = self._restore_state(keys, read, upto, m)
-        end = upto * c
+        tail_rows = 0
+        if read.tail and upto == n_full and read.first + len(read.keys) == n_full:
+            want = eng.tail_of(keys, tokens, len(key))
+            if want is not None and want == (read.tail_key, read.tail):
+                tail_rows = read.tail  # the prompt's own tail, verified: restore all SGLang would match
+        end = upto * c + tail_rows
         if end <= m:
             self._free_state_slot(state_slot)
             return None
@@ -230,7 +249,7 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
             self.token_to_kv_pool_allocator.free(slots)
             self._free_state_slot(state_slot)
             return None
-        eng.install(pool, slots.numpy(), read, upto, m - read.first * c)
+        eng.install(pool, slots.numpy(), read, upto, m - read.first * c, tail_rows)
         insert = InsertParams(
             key=RadixKey(tokens[:end], key.extra_key, cache_salt=key.cache_salt),
             value=torch.cat([prefix.to(torch.int64), slots.to(torch.int64)]),
@@ -246,6 +265,8 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
         eng.counters.add("mlx_extensions")
         eng.counters.add("mlx_tokens_restored", restored)
         eng.counters.add("mlx_chunks_restored", upto - c0)
+        if tail_rows:
+            eng.counters.add("mlx_tails_restored")
         eng.clock.add("extend", time.perf_counter() - t0)
         eng.counters.observe("mlx_restore", time.perf_counter() - t0)
         log.debug("lifeboat: %s: prefix %d -> %d tokens from the store (read %.1f ms)",
@@ -345,8 +366,36 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
                 row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
                 slots = [row[i * eng.chunk:(i + 1) * eng.chunk].to(torch.int64).numpy() for i in todo]
                 eng.capture(pool, slots, [keys[i] for i in todo], affinity)
+        if self.hybrid is None:
+            self._capture_tail(req, keys, tokens, n, affinity)
         if tracked is not None:
             self._capture_state(req, tracked, keys, affinity)
+
+    def _capture_tail(self, req: "Req", keys: list[bytes], tokens: Any, n: int, affinity: int | None) -> None:
+        """Store the prompt's partial last chunk (what SGLang matches of the prompt past its full
+        chunks), so the same prompt restores as far as an in-memory hit would."""
+        eng = self.lifeboat
+        stop = len(req.origin_input_ids) - 1  # SGLang matches all but the last prompt token
+        if stop > n:
+            return
+        tail = eng.tail_of(keys, tokens, stop)
+        if tail is None or eng.writer.is_pending(tail[0]) or eng.has_tail(tail[0]):
+            return
+        t0 = time.perf_counter()
+        start = stop - tail[1]
+        req_cache = self._runner._req_caches.get(req.rid)
+        layers = self._runner._cache_layout.full_attention_layer_indices
+        if req_cache is not None and all(req_cache[li].keys is not None for li in layers):
+            kv = gather_request_rows([req_cache[li] for li in layers], start, stop)
+        else:
+            pool = self._pool()
+            if pool is None:
+                return
+            settle_pool(pool)
+            row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+            kv = gather_chunks(pool, row[start:stop].to(torch.int64).numpy(), tail[1])[0]
+        eng.capture_tail(kv, tail[0], affinity)
+        eng.clock.add("capture", time.perf_counter() - t0)
 
     def _capture_state(self, req: "Req", tracked: tuple[int, int], keys: list[bytes],
                        affinity: int | None) -> None:
@@ -589,6 +638,7 @@ def create_lifeboat_radix_cache(ctx: "TreeCacheBuildContext") -> BasePrefixCache
         log.warning("lifeboat: the store index is still rebuilding after %.0f s; early requests may miss", wait_s)
     engine = MlxChunkEngine(store, fp, queue_bytes=settings.engine.copy_queue_bytes)
     store.counters.name_namespace(engine.ns, model=str(runner.model_path), kind="mlx-kv", dtype=fp.dtype)
+    store.counters.name_namespace(engine.tail_ns, model=str(runner.model_path), kind="mlx-kv-tail", dtype=fp.dtype)
     if hybrid is not None:
         store.counters.name_namespace(engine.state_ns, model=str(runner.model_path), kind="mlx-state")
     engine.reporter = StatsReporter(store, role="mlx", labels={"model": str(runner.model_path), "rank": "0"})

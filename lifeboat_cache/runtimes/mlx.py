@@ -54,7 +54,9 @@ CHUNK_TOKENS = 64
 #: Bump when the record layout changes; it is part of the namespace, so old records become misses.
 LAYOUT_VERSION = "lifeboat-mlx-kv-v1"
 STATE_LAYOUT_VERSION = "lifeboat-mlx-state-v1"
+TAIL_LAYOUT_VERSION = "lifeboat-mlx-kv-tail-v1"
 _KEY_DOMAIN = b"lifeboat-mlx-chain-v1\0"
+_TAIL_DOMAIN = b"lifeboat-mlx-tail-v1\0"
 _FINGERPRINT_MEMO = "weights-fingerprints.json"
 _HASH_BLOCK = 8 << 20
 
@@ -100,6 +102,16 @@ def chunk_keys(seed: bytes, tokens: Sequence[int] | np.ndarray, n_chunks: int,
     return out
 
 
+def tail_key(prev: bytes, tokens: Sequence[int] | np.ndarray) -> bytes:
+    """Key of a prompt's partial last chunk (1..C-1 tokens) after the chunk whose key is ``prev``.
+
+    Domain-separated from chunk keys and bound to the token count, so a tail is only found by a
+    prompt whose limit ends exactly there (the same prompt again).
+    """
+    raw = np.asarray(tokens, dtype="<i8").tobytes()
+    return hashlib.sha256(_TAIL_DOMAIN + prev + len(tokens).to_bytes(4, "little") + raw).digest()
+
+
 # ---------------------------------------------------------------------------------------- fingerprint
 
 @dataclass(frozen=True)
@@ -121,6 +133,10 @@ class ModelFingerprint:
     def state_namespace(self) -> bytes:
         """Separate namespace for recurrent-state records, so a state is never read as a KV chunk."""
         return namespace_fingerprint(runtime="mlx", layout=STATE_LAYOUT_VERSION, **asdict(self))
+
+    def tail_namespace(self) -> bytes:
+        """Namespace of prompt tails (partial last chunks, ``[layers, 2, r, heads, head_dim]``)."""
+        return namespace_fingerprint(runtime="mlx", layout=TAIL_LAYOUT_VERSION, **asdict(self))
 
     @property
     def chunk_shape(self) -> tuple[int, int, int, int, int]:
@@ -273,6 +289,18 @@ def gather_request_chunks(layer_caches: Sequence[Any], chunk_ids: Sequence[int],
     return kv
 
 
+def gather_request_rows(layer_caches: Sequence[Any], start: int, stop: int) -> "mx.array":
+    """Rows ``start..stop-1`` of a request's own per-layer caches as ``[layers, 2, r, heads, head_dim]``
+    (a prompt tail record), evaluated; see :func:`gather_request_chunks`."""
+    import mlx.core as mx
+
+    per_layer = [x[0, :, start:stop, :].transpose(1, 0, 2) for c in layer_caches for x in (c.keys, c.values)]
+    r, heads, dim = per_layer[0].shape
+    kv = mx.stack(per_layer, axis=0).reshape(len(layer_caches), 2, r, heads, dim)
+    mx.eval(kv)
+    return kv
+
+
 def numpy_view(arr: "mx.array") -> np.ndarray:
     """Read-only zero-copy numpy view of an *evaluated* MLX array (bf16 as uint16 bits)."""
     import mlx.core as mx
@@ -317,6 +345,50 @@ def install_chunks(pool: Any, slots: np.ndarray, chunks: np.ndarray, skip: int =
     mx.eval(*pool.all_buffers())
 
 
+def install_rows(pool: Any, slots: np.ndarray, rows: np.ndarray, skip: int = 0) -> None:
+    """Scatter stored rows in pool layout into pool slots (scheduler thread); the fast restore path.
+
+    ``rows`` is ``[layers, 2, R, heads, head_dim]`` (what :class:`ChunkReader` reads records into:
+    each layer's K or V rows already contiguous, token-major like the pool). Rows ``skip..R-1`` go
+    to ``slots``. Per layer and K/V: one copy of numpy into MLX and one slice update (or the pool's
+    own ``set_kv_all_layers`` for scattered slots); no transpose, no staging array of all layers.
+    One evaluation of the pool at the end (no separate settle of its pending writes first).
+    """
+    import mlx.core as mx
+
+    layers, _, r, heads, dim = rows.shape
+    slots = np.asarray(slots)
+    n = r - skip
+    if len(slots) != n or n <= 0:
+        raise ValueError(f"install_rows: {len(slots)} slots for {n} rows")
+    if layers != pool.num_layers or (heads, dim) != (pool.n_kv_heads, pool.head_dim):
+        raise ValueError(f"install_rows: rows {rows.shape} do not fit the pool ({pool.num_layers} layers x "
+                         f"{pool.n_kv_heads} heads x {pool.head_dim})")
+    bf16 = pool.dtype == mx.bfloat16
+
+    def to_mx(x: np.ndarray) -> "mx.array":
+        a = mx.array(x)
+        if bf16:
+            return a.view(mx.bfloat16)
+        if a.dtype != pool.dtype:
+            raise ValueError(f"install_rows: row dtype {a.dtype} does not match the pool's {pool.dtype}")
+        return a
+
+    run = _contiguous(slots)
+    if run is not None:
+        a, b = run
+        for layer in range(layers):
+            pool.k_buffer[layer][a:b] = to_mx(rows[layer, 0, skip:])
+            pool.v_buffer[layer][a:b] = to_mx(rows[layer, 1, skip:])
+    else:
+        idx = mx.array(slots.astype(np.int32))
+        pool.set_kv_all_layers(idx, to_mx(rows[:, 0, skip:]), to_mx(rows[:, 1, skip:]))
+    # evaluated here, with the pool's pending writes: left lazy inside SGLang's prefill graph, the
+    # prefill's own rows came out different in the last float bits (tests/integration/
+    # test_mlx_radix_cache.py::test_short_in_memory_match_is_extended_mid_chunk)
+    mx.eval(*pool.all_buffers())
+
+
 # -------------------------------------------------------------------------------------------- writer
 
 @dataclass
@@ -328,6 +400,7 @@ class _Batch:
     nbytes: int
     affinity: int | None = None
     enqueued: float = field(default_factory=time.perf_counter)
+    kind: str = "chunks"  # counter family: mlx_<kind>_written
 
 
 class ChunkWriter:
@@ -352,7 +425,7 @@ class ChunkWriter:
         self._thread.start()
 
     def offer(self, ns: bytes, keys: Sequence[bytes], views: Sequence[np.ndarray], keepalive: Any = None,
-              *, affinity: int | None = None) -> int:
+              *, affinity: int | None = None, kind: str = "chunks") -> int:
         """Queue chunks for writing; returns how many were accepted (a prefix of ``keys``).
 
         ``affinity`` is the dialog's drive choice (``ChunkStore.affinity_of`` over its first chunks).
@@ -372,7 +445,7 @@ class ChunkWriter:
                 self.counters.add("mlx_chunks_dropped_queue_full", len(keys) - take)
             if take == 0:
                 return 0
-            batch = _Batch(ns, list(keys[:take]), list(views[:take]), keepalive, used, affinity)
+            batch = _Batch(ns, list(keys[:take]), list(views[:take]), keepalive, used, affinity, kind=kind)
             self._queue.append(batch)
             self._queued_bytes += used
             for k in batch.keys:
@@ -405,9 +478,9 @@ class ChunkWriter:
                 log.exception("lifeboat: MLX chunk write failed")
                 self.counters.add("mlx_chunk_write_exceptions")
             n_ok = sum(ok)
-            self.counters.add("mlx_chunks_written", n_ok)
+            self.counters.add(f"mlx_{batch.kind}_written", n_ok)
             if n_ok < len(ok):
-                self.counters.add("mlx_chunks_write_failed", len(ok) - n_ok)
+                self.counters.add(f"mlx_{batch.kind}_write_failed", len(ok) - n_ok)
             with self._cv:
                 self._queued_bytes -= batch.nbytes
                 for k in batch.keys:
@@ -479,13 +552,29 @@ def drain_at_exit(engine: "MlxChunkEngine", timeout_s: float) -> None:
 
 @dataclass
 class ChunkRead:
-    """Chunks ``first .. first+n_ok-1`` of a chain, read into ``buf[:n_ok]`` (verified)."""
+    """Chunks ``first .. first+n_ok-1`` of a chain, read (verified) into ``rows``.
+
+    ``rows`` is in pool layout, ``[layers, 2, n*C, heads, head_dim]``: chunk i is rows
+    ``[i*C, (i+1)*C)`` of every layer's K and V, so the install copies each layer's rows with no
+    transpose (the read scatters each record's blocks there).
+    """
 
     keys: list[bytes]
     first: int
-    buf: np.ndarray
+    rows: np.ndarray
     n_ok: int
     seconds: float
+    tail_key: bytes | None = None  # the prompt tail asked for after the last chunk, if any
+    tail_rows: int = 0              # rows allocated for it after the chunks' rows
+    tail: int = 0                   # tail rows verified: rows[:, :, n*C:n*C+tail] (0: none)
+
+    @property
+    def buf(self) -> np.ndarray:
+        """The chunks in record layout, ``[n, layers, 2, C, heads, head_dim]`` (a view, no copy)."""
+        layers, two, r, heads, dim = self.rows.shape
+        n = len(self.keys)
+        c = (r - self.tail_rows) // max(n, 1)
+        return self.rows[:, :, :n * c].reshape(layers, two, n, c, heads, dim).transpose(2, 0, 1, 3, 4, 5)
 
 
 class ChunkReader:
@@ -499,18 +588,32 @@ class ChunkReader:
     def leading_hits(self, ns: bytes, keys: Sequence[bytes]) -> int:
         return self.store.exists(ns, keys) if keys else 0
 
-    def read(self, ns: bytes, keys: Sequence[bytes], first: int, affinity: int | None = None) -> ChunkRead:
-        """Read ``keys`` (chunks ``first..``) and keep the verified leading run."""
+    def read(self, ns: bytes, keys: Sequence[bytes], first: int, affinity: int | None = None,
+             tail: tuple[bytes, bytes, int] | None = None) -> ChunkRead:
+        """Read ``keys`` (chunks ``first..``) and keep the verified leading run; then, if every
+        chunk verified, the prompt tail ``tail = (namespace, key, rows)`` right after them."""
         t0 = time.perf_counter()
-        buf = np.empty((len(keys), *self.fp.chunk_shape), dtype=self.fp.np_dtype)
-        ok = (self.store.get_into(ns, list(keys), [buf[i] for i in range(len(keys))], affinity=affinity)
-              if keys else [])
+        layers, two, c, heads, dim = self.fp.chunk_shape
+        extra = tail[2] if tail is not None else 0
+        rows = np.empty((layers, two, len(keys) * c + extra, heads, dim), dtype=self.fp.np_dtype)
+        flat = rows.reshape(layers * two, -1)
+        step = c * heads * dim
+        # chunk i's record is [layers, 2, C, heads, dim]: its 2*layers blocks land in their pool rows
+        pages = [[flat[j, i * step:(i + 1) * step] for j in range(layers * two)] for i in range(len(keys))]
+        ok = self.store.get_into(ns, list(keys), pages, affinity=affinity) if keys else []
         n_ok = ok.index(False) if False in ok else len(ok)
-        return ChunkRead(list(keys), first, buf, n_ok, time.perf_counter() - t0)
+        got = 0
+        if tail is not None and n_ok == len(keys):
+            a, b = len(keys) * step, len(keys) * step + extra * heads * dim
+            if self.store.get_into(tail[0], [tail[1]], [[flat[j, a:b] for j in range(layers * two)]],
+                                   affinity=affinity)[0]:
+                got = extra
+        return ChunkRead(list(keys), first, rows, n_ok, time.perf_counter() - t0,
+                         tail_key=tail[1] if tail is not None else None, tail_rows=extra, tail=got)
 
-    def submit(self, ns: bytes, keys: Sequence[bytes], first: int,
-               affinity: int | None = None) -> "Future[ChunkRead]":
-        return self._pool.submit(self.read, ns, list(keys), first, affinity)
+    def submit(self, ns: bytes, keys: Sequence[bytes], first: int, affinity: int | None = None,
+               tail: tuple[bytes, bytes, int] | None = None) -> "Future[ChunkRead]":
+        return self._pool.submit(self.read, ns, list(keys), first, affinity, tail)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -642,6 +745,7 @@ class MlxChunkEngine:
         self.fp = fingerprint
         self.ns = fingerprint.namespace()
         self.state_ns = fingerprint.state_namespace()
+        self.tail_ns = fingerprint.tail_namespace()
         self.chunk = fingerprint.chunk_tokens
         self.writer = ChunkWriter(store, queue_bytes)
         self.reader = ChunkReader(store, fingerprint, workers=read_workers)
@@ -703,16 +807,45 @@ class MlxChunkEngine:
         """How many of ``keys``, from the first, the store holds (index only)."""
         return self.reader.leading_hits(self.ns, keys)
 
-    def read(self, keys: Sequence[bytes], first: int, affinity: int | None = None) -> ChunkRead:
-        return self.reader.read(self.ns, keys, first, affinity)
+    def read(self, keys: Sequence[bytes], first: int, affinity: int | None = None,
+             tail: tuple[bytes, int] | None = None) -> ChunkRead:
+        return self.reader.read(self.ns, keys, first, affinity, self.tail_spec(tail))
+
+    # -------------------------------------------------------------- prompt tails
+    def tail_of(self, keys: Sequence[bytes], tokens: Sequence[int] | np.ndarray,
+                stop: int) -> tuple[bytes, int] | None:
+        """(key, rows) of the partial chunk ``tokens[n*C:stop]`` after the ``n = stop // C`` full
+        chunks whose keys are ``keys[:n]``; None when ``stop`` is chunk-aligned or ``n`` is 0.
+
+        A prompt's tail (what SGLang matches of it: all but its last token) is stored once per
+        prompt, so the same prompt again restores everything an in-memory hit would and prefills
+        one token, not up to C-1.
+        """
+        n = stop // self.chunk
+        r = stop - n * self.chunk
+        if r <= 0 or n <= 0 or len(keys) < n:
+            return None
+        return tail_key(keys[n - 1], np.asarray(tokens[n * self.chunk:stop])), r
+
+    def has_tail(self, key: bytes) -> bool:
+        return bool(self.store.contains(self.tail_ns, [key])[0])
+
+    def tail_spec(self, tail: tuple[bytes, int] | None) -> tuple[bytes, bytes, int] | None:
+        return (self.tail_ns, tail[0], tail[1]) if tail is not None else None
+
+    def capture_tail(self, kv: "mx.array", key: bytes, affinity: int | None = None) -> int:
+        """Queue an evaluated ``[layers, 2, r, heads, head_dim]`` prompt tail (scheduler thread)."""
+        n = self.writer.offer(self.tail_ns, [key], [numpy_view(kv)], keepalive=kv, affinity=affinity,
+                              kind="tails")
+        return n
 
     def prefetch(self, rid: str, chain_tag: bytes, keys: Sequence[bytes], first: int,
-                 affinity: int | None = None) -> bool:
+                 affinity: int | None = None, tail: tuple[bytes, int] | None = None) -> bool:
         """Start reading at request arrival; ``chain_tag`` (the key of the last chunk) validates reuse."""
         if not keys:
             return False
         nbytes = len(keys) * self.fp.chunk_bytes
-        fut = self.reader.submit(self.ns, keys, first, affinity)
+        fut = self.reader.submit(self.ns, keys, first, affinity, self.tail_spec(tail))
         ok = self.prefetches.put(rid, chain_tag, first, nbytes, fut)
         if not ok:
             fut.cancel()
@@ -739,15 +872,14 @@ class MlxChunkEngine:
         self.counters.add("mlx_prefetches_used")
         return read
 
-    def install(self, pool: Any, slots: np.ndarray, read: ChunkRead, upto_chunk: int, skip: int) -> None:
-        """Install chunks ``read.first .. upto_chunk-1`` minus the first ``skip`` rows (scheduler thread)."""
+    def install(self, pool: Any, slots: np.ndarray, read: ChunkRead, upto_chunk: int, skip: int,
+                tail: int = 0) -> None:
+        """Install chunks ``read.first .. upto_chunk-1`` and then ``tail`` rows of the prompt tail,
+        minus the first ``skip`` rows (scheduler thread)."""
         t0 = time.perf_counter()
-        settle_pool(pool)  # e.g. a pool created lazily just now: its zero-fill is SGLang's cost
-        t1 = time.perf_counter()
-        self.clock.add("pool_settle", t1 - t0)
-        t0 = t1
+        # no settle first: install_rows evaluates the pool's pending writes together with these rows
         n = upto_chunk - read.first
-        install_chunks(pool, slots, read.buf[:n], skip)
+        install_rows(pool, slots, read.rows[:, :, :n * self.chunk + tail], skip)
         self.clock.add("install", time.perf_counter() - t0)
 
     # -------------------------------------------------------------- hybrid state records

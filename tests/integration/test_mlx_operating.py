@@ -69,7 +69,8 @@ def test_named_backend_works_without_lifeboat_cache(world: dict) -> None:
         assert world[run]["backend"] == "lifeboat"
         assert world[run]["cache_class"] == "LifeboatMlxRadixCache"
     assert world["cold"]["stats"]["mlx_chunks_written"] == 4
-    assert world["warm"]["steps"]["P"]["cached_tokens"] == 4 * C
+    assert world["cold"]["stats"]["mlx_tails_written"] == 1
+    assert world["warm"]["steps"]["P"]["cached_tokens"] == len(P) - 1  # 4 chunks + the prompt's tail
 
 
 def test_mlx_metrics_on_a_multiprocess_scrape(world: dict) -> None:
@@ -79,7 +80,7 @@ def test_mlx_metrics_on_a_multiprocess_scrape(world: dict) -> None:
     assert s[("lifeboat_mlx_chunks_restored_total", base)] == 4
     assert s[("lifeboat_mlx_restore_seconds_count", base)] == 1
     assert s[("lifeboat_mlx_chunks_dropped_total", tuple(sorted(base + (("reason", "queue_full"),))))] == 0
-    assert s[("lifeboat_hits_total", base)] == 4
+    assert s[("lifeboat_hits_total", base)] == 5  # 4 chunks + 1 tail record
 
 
 def test_lifeboat_ls_and_stats_name_the_mlx_model(world: dict) -> None:
@@ -89,14 +90,17 @@ def test_lifeboat_ls_and_stats_name_the_mlx_model(world: dict) -> None:
     ls = subprocess.run([sys.executable, "-m", "lifeboat_cache.cli", "ls", "--json"], env=env, cwd=cwd,
                         capture_output=True, text=True, timeout=120)
     assert ls.returncode == 0, ls.stderr
-    (ns,) = json.loads(ls.stdout)["namespaces"].values()
+    spaces = list(json.loads(ls.stdout)["namespaces"].values())
+    assert sorted(n["labels"]["kind"] for n in spaces) == ["mlx-kv", "mlx-kv-tail"]
+    (ns,) = [n for n in spaces if n["labels"]["kind"] == "mlx-kv"]
+    (tail,) = [n for n in spaces if n["labels"]["kind"] == "mlx-kv-tail"]
     assert ns["labels"] == {"model": str(world["model"]), "kind": "mlx-kv", "dtype": "float32"}
-    assert ns["pages_written"] == 4
+    assert ns["pages_written"] == 4 and tail["pages_written"] == 1
     st = subprocess.run([sys.executable, "-m", "lifeboat_cache.cli", "stats", "--json"], env=env, cwd=cwd,
                         capture_output=True, text=True, timeout=120)
     assert st.returncode == 0, st.stderr
     a = json.loads(st.stdout)["activity"]
-    assert a["pages_read"] == 4 and a["latency"]["mlx_restore"]["count"] == 1
+    assert a["pages_read"] == 5 and a["latency"]["mlx_restore"]["count"] == 1
 
 
 def test_bad_rebuild_wait_names_the_variable(world: dict) -> None:

@@ -40,6 +40,7 @@ from support.chunks import flip_byte  # noqa: E402
 
 C = lbmlx.CHUNK_TOKENS
 N_FULL = 4  # a 300-token prompt: SGLang matches at most 299 tokens -> 4 full chunks (256 tokens)
+LIMIT = 299  # ... plus the prompt's 43-token tail record: a returning prompt restores all 299
 
 
 def _rand(seed: int, n: int) -> list[int]:
@@ -55,6 +56,7 @@ PROMPTS = {
     "HEAD": P[:100] + _rand(3, 40),              # shares 100 tokens (1 chunk + 36) with P
     "FILL1": _rand(4, 300),
     "FILL2": _rand(5, 300),
+    "P_CUT": P[:290],                            # P's 4 chunks, then a shorter tail than P's
 }
 
 
@@ -78,16 +80,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     model_a = tiny_llama(root / "model-a", seed=0)
     model_b = tiny_llama(root / "model-b", seed=1)  # same geometry, other weights
     xdg = root / "xdg"
-    cold = _run(model_a, xdg, root / "cold", [_gen("P", "P", rows=N_FULL * C), _gen("Q", "Q", rows=N_FULL * C),
+    cold = _run(model_a, xdg, root / "cold", [_gen("P", "P", rows=LIMIT), _gen("Q", "Q", rows=LIMIT),
                                               {"op": "flush"}])
     warm = _run(model_a, xdg, root / "warm", [
-        _gen("P", "P", rows=N_FULL * C), {"op": "reset_tree"},
+        _gen("P", "P", rows=LIMIT), {"op": "reset_tree"},
         _gen("R", "R"), {"op": "reset_tree"},
         _gen("SHIFT", "SHIFT"), {"op": "reset_tree"},
-        _gen("Q", "Q", rows=N_FULL * C), {"op": "reset_tree"},
+        _gen("Q", "Q", rows=LIMIT), {"op": "reset_tree"},
         _gen("P_salted", "P", cache_salt="tenant-2"), {"op": "reset_tree"},
         _gen("P_lora", "P", extra_key="lora-7"), {"op": "reset_tree"},
-        _gen("HEAD", "HEAD"), _gen("P_after_head", "P", rows=N_FULL * C),
+        _gen("HEAD", "HEAD"), _gen("P_after_head", "P", rows=LIMIT), {"op": "reset_tree"},
+        _gen("P_CUT", "P_CUT", rows=N_FULL * C),
     ])
     other_model = _run(model_b, xdg, root / "other-model", [_gen("P", "P")])
     return {"root": root, "model_a": model_a, "xdg": xdg, "cold": cold, "warm": warm, "other_model": other_model}
@@ -113,11 +116,13 @@ def test_cold_run_stores_every_full_chunk(world: dict) -> None:
     assert world["cold"]["steps"]["P"]["cached_tokens"] == 0
     # P: 4 chunks; Q: shares chunks 0-1 with P (already stored or queued), adds its own 2-3
     assert s["mlx_chunks_written"] == 6 and s.get("mlx_chunks_dropped_queue_full", 0) == 0
+    assert s["mlx_tails_written"] == 2  # P's and Q's 43-token tails, in their own namespace
 
 
 def test_restart_restores_every_full_chunk_bitwise_and_same_tokens(world: dict) -> None:
     cold, warm = world["cold"]["steps"]["P"], world["warm"]["steps"]["P"]
-    assert warm["cached_tokens"] == N_FULL * C
+    assert warm["cached_tokens"] == LIMIT  # every full chunk and the prompt's tail: one token prefilled
+    assert world["warm"]["stats"]["mlx_tails_restored"] >= 1
     assert _bitwise_equal(_rows(world, "warm", "P"), _rows(world, "cold", "P"))
     assert warm["output_ids"] == cold["output_ids"]
     assert world["warm"]["stats"]["mlx_prefetches_used"] >= 1  # the read started at arrival
@@ -131,8 +136,8 @@ def test_other_prompt_position_salt_and_lora_get_nothing(world: dict) -> None:
 
 def test_divergent_prompt_gets_exactly_the_shared_chunks(world: dict) -> None:
     q = world["warm"]["steps"]["Q"]
-    # Q's own chunks were stored by the cold run, so all 4 come back - but they must be Q's, not P's
-    assert q["cached_tokens"] == N_FULL * C
+    # Q's own chunks (and tail) were stored by the cold run, so all come back - but they must be Q's
+    assert q["cached_tokens"] == LIMIT
     assert _bitwise_equal(_rows(world, "warm", "Q"), _rows(world, "cold", "Q"))
     assert q["output_ids"] == world["cold"]["steps"]["Q"]["output_ids"]
     p_rows, q_rows = _rows(world, "cold", "P"), _rows(world, "cold", "Q")
@@ -144,16 +149,26 @@ def test_short_in_memory_match_is_extended_mid_chunk(world: dict) -> None:
     steps = world["warm"]["steps"]
     assert steps["HEAD"]["cached_tokens"] == C  # HEAD: chunk 0 from the store, the rest computed
     after = steps["P_after_head"]
-    assert after["cached_tokens"] == N_FULL * C  # tree had 100 tokens; the store filled 100..255
+    assert after["cached_tokens"] == LIMIT  # tree had 100 tokens; the store filled 100..298
     warm, cold = _rows(world, "warm", "P_after_head"), _rows(world, "cold", "P")
-    # Rows that came from the store (chunk 0, restored for HEAD, and 100..255, restored now) are the cold
-    # run's own bytes: bitwise equal. Rows 64..99 were computed by HEAD's prefill, a forward pass of
-    # another shape than the cold run's: BLAS may sum in another order there, so they are equal to
-    # rounding only (which is SGLang's own guarantee for a recomputed prefix).
-    stored = np.r_[0:C, 100:N_FULL * C]
+    # Rows that came from the store (chunk 0, restored for HEAD, and 100..298: chunks and the prompt's
+    # tail, restored now) are the cold run's own bytes: bitwise equal. Rows 64..99 were computed by
+    # HEAD's prefill, a forward pass of another shape than the cold run's: BLAS may sum in another
+    # order there, so they are equal to rounding only (SGLang's own guarantee for a recomputed prefix).
+    stored = np.r_[0:C, 100:LIMIT]
     assert _bitwise_equal(tuple(x[:, stored] for x in warm), tuple(x[:, stored] for x in cold))
     assert all(np.allclose(x[:, C:100], y[:, C:100], rtol=1e-4, atol=1e-5) for x, y in zip(warm, cold))
     assert after["output_ids"] == world["cold"]["steps"]["P"]["output_ids"]
+
+
+def test_a_tail_only_returns_to_a_prompt_ending_where_it_ended(world: dict) -> None:
+    """P[:290] shares P's 4 chunks but SGLang matches 289 tokens of it, not P's 299: P's tail (keyed by
+    its tokens and their count) is not its tail, so only the full chunks come back."""
+    cut = world["warm"]["steps"]["P_CUT"]
+    assert cut["cached_tokens"] == N_FULL * C
+    k, v = _rows(world, "warm", "P_CUT")
+    ck, cv = _rows(world, "cold", "P")
+    assert _bitwise_equal((k, v), (ck[:, :N_FULL * C], cv[:, :N_FULL * C]))
 
 
 def test_another_model_never_gets_these_chunks(world: dict) -> None:
@@ -164,7 +179,7 @@ def test_another_model_never_gets_these_chunks(world: dict) -> None:
 def test_restore_evicts_tree_leaves_when_the_pool_is_full(world: dict, tmp_path: Path) -> None:
     res = _run(world["model_a"], world["xdg"], tmp_path / "small",
                [_gen("FILL1", "FILL1"), _gen("FILL2", "FILL2"), _gen("P", "P")], pool_size=700)
-    assert res["steps"]["P"]["cached_tokens"] == N_FULL * C
+    assert res["steps"]["P"]["cached_tokens"] == LIMIT
     assert res["steps"]["P"]["output_ids"] == world["cold"]["steps"]["P"]["output_ids"]
 
 

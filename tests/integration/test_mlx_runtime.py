@@ -267,3 +267,48 @@ def test_request_cache_copy_equals_pool_copy() -> None:
     want = np.array(lbmlx.numpy_view(lbmlx.gather_chunks(pool, np.array(slots)[np.r_[0:C, 2 * C:4 * C]])))
     got = np.array(lbmlx.numpy_view(lbmlx.gather_request_chunks(caches, [0, 2, 3])))
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+# ------------------------------------------------------------------- pool-layout read + prompt tail
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["fp32", "bf16"])
+def test_read_in_pool_layout_with_tail_installs_bitwise(store, dtype) -> None:
+    """Chunks and a prompt tail read straight into pool-row layout, installed with ``install_rows``
+    (contiguous and scattered slots, skipping rows the tree holds): bitwise the source rows."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    fp = _fp(name)
+    eng = lbmlx.MlxChunkEngine(store, fp, queue_bytes=64 << 20, owns_store=False)
+    src = _pool(dtype, seed=11)
+    tokens = list(range(7, 7 + 3 * C + 30))
+    stop = len(tokens) - 1  # what SGLang matches: 3 chunks + a 29-token tail
+    keys = eng.keys(eng.seed(), tokens, 3)
+    src_slots = np.arange(200, 200 + stop)
+    assert eng.capture(src, [src_slots[i * C:(i + 1) * C] for i in range(3)], keys) == 3
+    tail = eng.tail_of(keys, tokens, stop)
+    assert tail is not None and tail[1] == 29
+    tail_kv = lbmlx.gather_chunks(src, src_slots[3 * C:], tail[1])[0]
+    assert eng.capture_tail(tail_kv, tail[0]) == 1
+    assert eng.writer.flush(10)
+    assert eng.has_tail(tail[0]) and not eng.has_tail(eng.tail_of(keys, tokens, stop - 1)[0])
+    read = eng.read(keys, 0, tail=tail)
+    assert read.n_ok == 3 and read.tail == 29 and read.tail_key == tail[0]
+    # the record-layout view still matches what was captured
+    assert np.array_equal(read.buf, np.array(lbmlx.numpy_view(lbmlx.gather_chunks(src, src_slots[:3 * C]))))
+    want = _rows(src, src_slots)
+    rng = np.random.default_rng(3)
+    for dst_slots, skip in ((np.arange(600, 600 + stop), 0), (rng.permutation(np.arange(1, 1000))[:stop - 40], 40)):
+        dst = _pool(dtype, seed=12)
+        lbmlx.install_rows(dst, dst_slots, read.rows[:, :, :stop], skip)
+        got = _rows(dst, dst_slots)
+        assert all(np.array_equal(g.view(np.uint8), w[:, skip:].view(np.uint8)) for g, w in zip(got, want))
+    # a tail is read only after every chunk before it verified
+    missing = eng.read([keys[0], b"\x01" * 32, keys[2]], 0, tail=tail)
+    assert missing.n_ok == 1 and missing.tail == 0
+    eng.close()
+
+
+def test_install_rows_refuses_a_dtype_or_geometry_mismatch() -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        lbmlx.install_rows(_pool(mx.float32), np.arange(1, 1 + C), np.zeros((3, 2, C, 2, 8), np.float16))
+    with pytest.raises(ValueError, match="fit the pool"):
+        lbmlx.install_rows(_pool(mx.float32), np.arange(1, 1 + C), np.zeros((3, 2, C, 4, 8), np.float32))
