@@ -20,7 +20,7 @@ class Sizes:
     s3_page_kib: int = 512
     s3_io_workers: int = 16
     s3_latency_ms: str = "0,20"       # added per-request latency of the local S3 server (a real endpoint: tens of ms)
-    mlx_tokens: str = "512,2048,8192"
+    mlx_tokens: str = "512,2048,8000"  # prompts get ~20 chat-template tokens; SmolLM2 holds 8,192
     mlx_new_tokens: int = 8
     mlx_processes: int = 3           # 3: cold / restored / baseline in fresh processes; 1: one process (quick)
     shapes: str = "small,8b"
