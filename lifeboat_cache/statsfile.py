@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .config import Settings, default_cache_dir
+from .tiers.segfile import make_dirs, write_new_file  # owner-only whatever the umask; no symlink followed
 
 if TYPE_CHECKING:
     from .store import ChunkStore
@@ -66,22 +67,6 @@ def parse_interval(env: dict[str, str] | None = None) -> float:
     if not 0.05 <= v <= 3600:
         raise ConfigError(f"{ENV_INTERVAL}={raw!r}: must be between 0.05 and 3600 seconds")
     return v
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Owner-only temp file in the same directory, then rename over `path`."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class _LastError(logging.Handler):
@@ -160,10 +145,10 @@ class StatsReporter:
             if self.exporter is not None:
                 self.exporter.sync()
             try:
-                self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                make_dirs(self.dir, 0o700)
                 data = snapshot(self.store, self.role, self.labels, self.started, self._errors.last,
                                 self.interval_s)
-                write_atomic(self.path, json.dumps(data, separators=(",", ":")).encode())
+                write_new_file(self.path, json.dumps(data, separators=(",", ":")).encode(), 0o600)
             except OSError as e:
                 if not self._warned:
                     self._warned = True
