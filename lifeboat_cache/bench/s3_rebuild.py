@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +31,7 @@ import numpy as np
 from .. import codec
 from ..config import TierSettings
 from ..keys import index_key, key_digest, namespace_fingerprint
+from .s3 import start_server
 
 log = logging.getLogger(__name__)
 
@@ -43,31 +41,6 @@ BATCH_PAGES = 256
 PAGE_BYTES = 4096
 IO_WORKERS = 8
 EXTRAPOLATE_TO = 1_000_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_moto() -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = dict(os.environ, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    for _ in range(300):
-        try:
-            opener.open(url + "/moto-api/", timeout=1).read(0)
-            return proc, url
-        except Exception:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("moto server did not start: install the test extra (pip install moto[server])")
 
 
 def _fill(tier: Any, ns: bytes, pages: int, per_object: int, tag: str) -> None:
@@ -117,7 +90,7 @@ def run(quick: bool = False) -> dict:
 
     pages = QUICK_PAGES if quick else FULL_PAGES
     ns = namespace_fingerprint(model="bench-s3-rebuild")
-    proc, url = _start_moto()
+    proc, url = start_server(latency_ms=0)  # the bench's one moto launcher
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_EC2_METADATA_DISABLED")}
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_EC2_METADATA_DISABLED="true")
     try:
