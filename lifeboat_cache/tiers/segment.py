@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -429,18 +429,22 @@ class SegmentDir:
         unit.sealed = True
         unit.damaged = []
 
-    def _scan(self, unit: _Unit) -> None:
+    def _open_for_scan(self, unit: _Unit, opener: Callable[[], int]) -> int | None:
+        """opener() for a scan; a vanished or foreign file drops the unit, other errors are logged once."""
         try:
-            fd = self._acquire(unit)
+            return opener()
         except FileNotFoundError:
             self._drop(unit)
-            return
         except ForeignFile as e:
             self._foreign(unit.name, str(e))
             self._drop(unit)
-            return
         except OSError as e:
             self._log_once(f"open:{unit.name}", "lifeboat: cannot open %s: %s", unit.path, e)
+        return None
+
+    def _scan(self, unit: _Unit) -> None:
+        fd = self._open_for_scan(unit, lambda: self._acquire(unit))
+        if fd is None:
             return
         try:
             size = os.fstat(fd).st_size

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 from ..index import Loc
 from .local import LocalTier
-from .segfile import FOOTER_SIZE, Entry, ForeignFile, open_file, parse_footer, parse_name, write_trailer
+from .segfile import FOOTER_SIZE, Entry, open_file, parse_footer, parse_name, write_trailer
 from .segment import SegmentDir, _Unit
 
 log = logging.getLogger(__name__)
@@ -123,17 +123,9 @@ class SharedSegmentDir(SegmentDir):
         if (unit.name in self._abandoned and seen is not None
                 and seen[0] == self._listed_sig.get(unit.name)):
             return  # abandoned and the listing shows no change: no probe
-        try:  # probe with a fresh open (close-to-open revalidation), never a cached fd
-            fd = open_file(unit.path, os.O_RDONLY)
-        except FileNotFoundError:
-            self._drop(unit)
-            return
-        except ForeignFile as e:
-            self._foreign(unit.name, str(e))
-            self._drop(unit)
-            return
-        except OSError as e:
-            log.warning("lifeboat: cannot open %s: %s", unit.path, e)
+        # probe with a fresh open (close-to-open revalidation), never a cached fd
+        fd = self._open_for_scan(unit, lambda: open_file(unit.path, os.O_RDONLY))
+        if fd is None:
             return
         try:
             st = os.fstat(fd)
