@@ -53,6 +53,8 @@ def tables(res: dict[str, Any]) -> str:
                 x = d[mode]
                 cpu = (f" (per CPU-second: {_spread(x['encode_cpu_gb_s'])} / {_spread(x['decode_cpu_gb_s'])})"
                        if "decode_cpu_gb_s" in x else "")
+                if "zstd_only_cpu_gb_s" in x:  # the floor under decode: zstd frames alone, no merge/checksum
+                    cpu = cpu[:-1] + f"; zstd frames alone: decode {_spread(x['zstd_only_cpu_gb_s'])})"
                 out.append(f"| codec {mode}, {data[6:].replace('_', ' ')}, 1 core (ratio {x['ratio']:.2f}x): "
                            f"encode / decode | {_spread(x['encode_gb_s'])} / {_spread(x['decode_gb_s'])}{cpu} |")
     else:
