@@ -97,11 +97,14 @@ def tables(res: dict[str, Any]) -> str:
     cm = res["sections"].get("compression")
     out += ["", "### Compression (one core, ChunkStore put / get from the page cache, small-shape pages)", ""]
     if _ok(cm):
-        out += ["| data | compression | ratio | put GB/s | get GB/s |", "|---|---|---|---|---|"]
+        out += ["| data | compression | ratio | put GB/s | get GB/s | put / get per CPU-second |",
+                "|---|---|---|---|---|---|"]
         for data, ch in cm["choices"].items():
             for name, x in ch.items():
+                cpu = (f"{_spread(x['put_cpu_gb_s'])} / {_spread(x['get_cpu_gb_s'])}" if "get_cpu_gb_s" in x
+                       else "")
                 out.append(f"| {data.replace('_', ' ')} | {name} | {x['ratio']:.3f}x | {_spread(x['put_gb_s'])} "
-                           f"| {_spread(x['get_gb_s'])} |")
+                           f"| {_spread(x['get_gb_s'])} | {cpu} |")
     else:
         out.append(_status(cm))
     s3 = res["sections"].get("s3")
