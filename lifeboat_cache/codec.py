@@ -273,7 +273,7 @@ def encode(page: np.ndarray, itemsize: int, compress: bool) -> tuple[int, list[o
     if itemsize in (2, 4, 8) and n % itemsize == 0:
         m = n // itemsize
         # The high planes (sign/exponent bytes) go to a per-thread buffer: they are compressed and
-        # dropped, so reusing it saves a fresh allocation's page faults on every page (~20% of encode).
+        # dropped, so reusing it saves a fresh allocation's page faults on every page (~10% of encode).
         # The low plane (mantissa bytes) is usually stored as it is, so it gets its own buffer.
         high = _scratch(m * (itemsize - 1), "enc_scratch")
         planes = [high[j * m: (j + 1) * m] for j in range(itemsize - 1)] + [np.empty(m, dtype=np.uint8)]
@@ -512,8 +512,8 @@ def verify_record(header: bytes | memoryview | Header, payload: memoryview | Seq
 
     `header` is the record's header bytes (or a Header the caller already parsed from them).
     Returns the parsed header; raises RecordError naming the failing part (see unpack_header and
-    check_record for the reasons). A scan passes no
-    digest/namespace (it learns them from the record); a read passes the ones it asked for.
+    check_record for the reasons). A scan passes no digest/namespace (it learns them from the
+    record); a read passes the ones it asked for.
     """
     h = header if isinstance(header, Header) else unpack_header(header)
     check_record(h, payload, h.digest if digest is None else digest,
