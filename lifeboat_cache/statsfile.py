@@ -89,7 +89,7 @@ def tier_state(store: "ChunkStore") -> list[dict[str, Any]]:
     for tier, rc, wc in zip(store.tiers, store.read_cooldowns, store.write_cooldowns):
         st = tier.stats()
         out.append({
-            "tier": tier.name, "kind": getattr(tier, "kind", "?"), "pages": int(st.get("pages", 0) or 0),
+            "tier": tier.name, "kind": tier.kind, "pages": int(st.get("pages", 0) or 0),
             "usage_bytes": int(st.get("usage_bytes") or 0), "capacity_bytes": st.get("capacity_bytes"),
             "rebuild_s": (st["rebuild_ms"] / 1000.0) if "rebuild_ms" in st else None,
             "reads_cooling_down": rc.active(), "writes_cooling_down": wc.active(),

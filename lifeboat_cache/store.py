@@ -27,6 +27,7 @@ from .iopool import Gate, IoPool
 from .keys import DigestCache
 from .metrics import Counters
 from .tiers import Ref, Tier, open_tier
+from .tiers.base import Auditing, Probing
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +267,7 @@ class ChunkStore:
         t_end = time.monotonic() + self.deadline_s
         # a write to a shared/remote tier may outlive the call: it must then own its bytes
         own = tier.shared
-        if todo and not redirect and getattr(tier, "batch_writes", False):
+        if todo and not redirect and tier.batch_writes:
             self._put_batches(tier, cd, ns, ds, ik, views, todo, results, affinity, gate, t_end)
             todo = []
 
@@ -563,7 +564,7 @@ class ChunkStore:
     def _hold(self, level: int, ikey: int | None) -> None:
         """Skip a tier that missed a deadline until a background probe gets an answer from it."""
         tier = self.tiers[level]
-        if getattr(tier, "probe", None) is None and ikey is None:
+        if not isinstance(tier, Probing) and ikey is None:
             return  # nothing to probe it with: the plain cooldown decides
         with self._probe_lock:
             if self._closed:
@@ -598,9 +599,8 @@ class ChunkStore:
         """One request to a held tier (it may block: this thread only). True when it answered."""
         tier = self.tiers[level]
         try:
-            probe = getattr(tier, "probe", None)
-            if probe is not None:
-                probe()
+            if isinstance(tier, Probing):
+                tier.probe()
                 return True
             ref = tier.locate(ikey) if ikey is not None else None
             if ref is not None:
@@ -654,16 +654,15 @@ class ChunkStore:
                     if h.record_len != ref.length:
                         raise RecordError("truncated", "length differs from the index")
                 except (RecordError, OSError) as e:
-                    where = getattr(tier, "loc_name", lambda r: repr(r))(ref)
+                    where = tier.loc_name(ref)
                     problems.append(f"{tier.name}: {where}: {e}")
                     if fix and isinstance(e, RecordError):
                         tier.forget(ikey, ref, getattr(e, "reason", "verify"))
                         self.counters.add("quarantined")
                 if progress is not None:
                     progress(n, len(recs))
-            audit = getattr(tier, "audit", None)
-            if audit is not None:
-                problems.extend(audit(fix))
+            if isinstance(tier, Auditing):
+                problems.extend(tier.audit(fix))
         return problems
 
     def gc(self) -> int:

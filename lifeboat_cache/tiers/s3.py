@@ -62,7 +62,7 @@ from ..codec import raw_length
 from ..config import DEFAULT_DEADLINE_S, DEFAULT_IO_WORKERS, TierSettings
 from ..index import Index, Loc
 from ..metrics import Counters
-from .base import Ref, SingleIndexTier
+from .base import Describing, ObjectPurging, Probing, Ref, SingleIndexTier
 from .segment import _writer_tag, build_trailer, parse_trailer, trailer_size
 
 try:
@@ -175,7 +175,7 @@ def make_client(settings: TierSettings, pool_connections: int, *, session: Any =
     return session, client
 
 
-class S3Tier(SingleIndexTier):
+class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging):
     kind = "s3"
     shared = True
     durable = True
@@ -611,6 +611,11 @@ class S3Tier(SingleIndexTier):
     def records(self) -> Iterator[tuple[int, Ref]]:
         for k, loc in self.index.items():
             yield k, Ref(0, loc)
+
+    def purge_objects(self, lines: list[dict[str, object]]) -> dict[str, Any]:
+        from . import s3_purge
+
+        return s3_purge.purge_objects(self, lines)
 
     def loc_name(self, ref: Ref) -> str:
         with self._lock:
