@@ -283,11 +283,11 @@ class SegmentDir:
             self._scan(u)
 
     def _catches_up(self, unit: _Unit) -> bool:
-        """Whether a catch-up rescans this open segment of another process (shared_fs: same host only)."""
+        """Whether a catch-up rescans this open segment of another process (nfs: same host only)."""
         return True
 
     def _heartbeat(self) -> None:
-        """Show other hosts that this process is alive (shared_fs); nothing to do on a local directory."""
+        """Show other hosts that this process is alive (nfs); nothing to do on a local directory."""
 
     def _changed(self, segments: bool = False) -> None:
         if self._changes is not None:
@@ -801,7 +801,7 @@ class SegmentDir:
             self.counters["evicted_bytes"] += victim.size
 
     def _evictable(self, unit: _Unit) -> bool:
-        """Sealed segments only: another process's open segment is never unlinked (shared_fs widens this)."""
+        """Sealed segments only: another process's open segment is never unlinked (nfs widens this)."""
         return unit.sealed and not unit.own
 
     def describe(self) -> list[dict[str, int | str | bool]]:

@@ -216,7 +216,7 @@ def test_crashed_writers_torn_segment_is_skipped(tmp_path: Path, host: str) -> N
 # Protocol constants shortened for test time: every process of a test sets the same values, as every
 # host runs the same release (they are never settings).
 PROTOCOL = textwrap.dedent('''
-    import lifeboat_cache.tiers.shared_fs as sfs
+    import lifeboat_cache.tiers.nfs as sfs
     sfs.HEARTBEAT_S, sfs.ABANDON_AFTER_S = 0.2, 1.5
 ''')
 HEARTBEAT_S, ABANDON_AFTER_S = 0.2, 1.5
@@ -278,7 +278,7 @@ class Controlled:
 
 
 def _reader(root: Path, monkeypatch: pytest.MonkeyPatch, capacity: str = "1GiB") -> ChunkStore:
-    import lifeboat_cache.tiers.shared_fs as sfs
+    import lifeboat_cache.tiers.nfs as sfs
     monkeypatch.setattr(sfs, "HEARTBEAT_S", HEARTBEAT_S)
     monkeypatch.setattr(sfs, "ABANDON_AFTER_S", ABANDON_AFTER_S)
     tier = {"type": "nfs", "path": str(root), "capacity": capacity, "segment_size": "1MiB",
