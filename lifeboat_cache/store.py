@@ -205,7 +205,7 @@ class ChunkStore:
             hit[miss] = tier.contains(ik[miss])
         return hit.tolist()
 
-    def exists(self, ns: bytes, keys: Sequence[str | bytes]) -> int:
+    def count_leading_hits(self, ns: bytes, keys: Sequence[str | bytes]) -> int:
         """How many keys, from the first, are stored (SGLang's batch_exists contract)."""
         t0 = time.perf_counter()
         hits = self.contains(ns, keys)

@@ -355,7 +355,7 @@ class TierTests:
         pages = [r.page for r in make_records(20, size=5000)]
         keys = [f"s{i}" for i in range(20)]
         assert all(st.put(NS, keys, pages))
-        assert st.exists(NS, keys) == 20
+        assert st.count_leading_hits(NS, keys) == 20
         out = [np.empty_like(p) for p in pages]
         assert all(st.get_into(NS, keys, out))
         assert all((o == p).all() for o, p in zip(out, pages))
