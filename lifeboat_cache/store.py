@@ -1,7 +1,7 @@
 """ChunkStore: batch put / get / exists of pages over the configured tiers.
 
 The store coordinates; tiers store record bytes, the codec encodes and checks them. Encoding,
-writing, reading and decoding run on an io worker pool (`engine.io_workers`), so a 128-page call
+writing, reading and decoding run on io worker threads (`engine.io_workers`), so a 128-page call
 from SGLang is processed in parallel (zstd and file I/O release the GIL). Storage trouble never
 raises out of put / get_into / exists: it is a miss or a dropped write, counted by cause, logged
 once per cooldown, and the failing tier is skipped for a cooldown that doubles while it keeps
@@ -23,7 +23,7 @@ from . import codec
 from .codec import HEADER_SIZE, RecordError
 from .config import Settings, TierSettings, load_settings
 from .copier import COPY_BATCH_BYTES, DEFAULT_COPY_WORKERS, Copier
-from .iopool import Gate, IoPool
+from .io_workers import Gate, IoWorkers
 from .keys import DigestCache
 from .metrics import Counters
 from .tiers import Ref, Tier, open_tier
@@ -111,7 +111,7 @@ def _owned(parts: Sequence[object]) -> list[object]:
 def compresses(ts: TierSettings, engine_compression: str) -> bool:
     """Whether a tier stores pages compressed: its own `compression:`, else the engine's, else
     (`auto`) the rule: a local drive stores raw (zstd costs more CPU per byte than an NVMe write or
-    read saves, and raw pages read straight into SGLang's pool), nfs and s3 store compressed (the
+    read saves, and raw pages read straight into SGLang's host pool), nfs and s3 store compressed (the
     network and the remote capacity are what is scarce there; ~1.45x smaller on real bf16 KV)."""
     choice = ts.compression or engine_compression
     if choice == "auto":
@@ -142,7 +142,7 @@ class ChunkStore:
         self._probes: dict[int, int | None] = {}  # held tier level -> a key to probe it with
         self._prober: threading.Thread | None = None
         self._probe_lock = threading.Lock()
-        self._pool = IoPool(eng.io_workers, max_workers=eng.io_workers * IO_THREADS_PER_WORKER,
+        self._pool = IoWorkers(eng.io_workers, max_workers=eng.io_workers * IO_THREADS_PER_WORKER,
                             counters=self.counters, stuck_s=eng.deadline_s)
         self._closed = False
         # the drive-choice rule of the first multi-drive tier: a dialog's first N pages pick its drive
