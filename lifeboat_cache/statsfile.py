@@ -143,7 +143,7 @@ class StatsReporter:
         """Write the stats file and sync Prometheus now (the thread calls this every interval)."""
         with self._lock:
             if self.exporter is not None:
-                self.exporter.sync()
+                self.exporter.sync(tier_state(self.store))
             try:
                 make_dirs(self.dir, 0o700)
                 data = snapshot(self.store, self.role, self.labels, self.started, self._errors.last,
