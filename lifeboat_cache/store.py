@@ -1,9 +1,9 @@
-"""ChunkStore: batch put / get / exists of pages over the configured tiers.
+"""ChunkStore: batch put / get / count_leading_hits of pages over the configured tiers.
 
 The store coordinates; tiers store record bytes, the codec encodes and checks them. Encoding,
 writing, reading and decoding run on io worker threads (`engine.io_workers`), so a 128-page call
 from SGLang is processed in parallel (zstd and file I/O release the GIL). Storage trouble never
-raises out of put / get_into / exists: it is a miss or a dropped write, counted by cause, logged
+raises out of put / get_into / count_leading_hits: it is a miss or a dropped write, counted by cause, logged
 once per cooldown, and the failing tier is skipped for a cooldown that doubles while it keeps
 failing. A record is verified (header, identity, payload checksum) before its bytes are trusted;
 one that fails is dropped from the index and quarantined.
@@ -143,7 +143,7 @@ class ChunkStore:
         self._prober: threading.Thread | None = None
         self._probe_lock = threading.Lock()
         self._pool = IoWorkers(eng.io_workers, max_workers=eng.io_workers * IO_THREADS_PER_WORKER,
-                            counters=self.counters, stuck_s=eng.deadline_s)
+                               counters=self.counters, stuck_s=eng.deadline_s)
         self._closed = False
         # the drive-choice rule of the first multi-drive tier: a dialog's first N pages pick its drive
         self.affinity_chunks = next((ts.affinity_chunks for ts in settings.storage if len(ts.paths) > 1), 1)
