@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from .config import ConfigError, Settings, load_settings
 from .store import ChunkStore
+from .tiers.base import Describing, SegmentDirs
 
 log = logging.getLogger("lifeboat")
 
@@ -33,7 +34,7 @@ def collect_stats(store: ChunkStore) -> dict[str, Any]:
     tiers = []
     for tier in store.tiers:
         st = tier.stats()
-        segs = tier.describe() if hasattr(tier, "describe") else []
+        segs = tier.describe() if isinstance(tier, Describing) else []
         raw = sum(int(s["raw_bytes"]) for s in segs)
         stored = sum(int(s["stored_bytes"]) for s in segs)
         cap = tier.capacity_bytes()
@@ -111,7 +112,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         freed = store.gc()
         compacted: dict[str, int] = {}
         for tier in store.tiers:  # then remove purged / dead records' bytes (tiers/compaction.py)
-            if hasattr(tier, "dirs"):
+            if isinstance(tier, SegmentDirs):
                 for k, v in compact_tier(tier, below).items():
                     compacted[k] = compacted.get(k, 0) + v
         usage = sum(t.usage_bytes() for t in store.tiers)

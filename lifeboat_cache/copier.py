@@ -151,7 +151,7 @@ class Copier:
                 for affinity, group in groups.items():
                     recs = [(it.ikey, it.digest, [r], len(r)) for it, r in
                             ((it, it.record if self.recode is None else self.recode(level, it.record)) for it in group)]
-                    if getattr(tier, "batch_writes", False):  # S3: the background client's timeouts,
+                    if tier.batch_writes:  # S3: the background client's timeouts,
                         tier.write_many(recs, affinity, background=True)  # not the data path's
                     else:
                         tier.write_many(recs, affinity)

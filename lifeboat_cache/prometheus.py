@@ -131,13 +131,11 @@ class PrometheusExporter:
         if value is not None:
             self.fam[name].labels(**self.base, **labels).set(value)
 
-    def sync(self) -> None:
-        """Advance counters by what happened since the last sync; set gauges to now."""
-        from .statsfile import tier_state
-
+    def sync(self, tiers: list[dict[str, Any]]) -> None:
+        """Advance counters by what happened since the last sync; set gauges to now. `tiers`: the
+        per-tier state the stats file holds too (statsfile.tier_state), handed in by its reporter."""
         with self._lock:
             c = self.store.counters.snapshot()
-            tiers = tier_state(self.store)
             first = tiers[0]["tier"]
             for t, n in zip(tiers, hits_by_tier(c, len(tiers))):
                 self._count("lifeboat_pages_read", n, tier=t["tier"])

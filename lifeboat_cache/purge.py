@@ -19,9 +19,12 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import ConfigError, Settings, parse_age
+
+if TYPE_CHECKING:
+    from .tiers.base import SegmentDirs
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +119,7 @@ def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
     """Record the rules in every directory, apply them here, purge S3; optionally compact now."""
     from .store import ChunkStore
     from .tiers import purgelist
+    from .tiers.base import ObjectPurging, SegmentDirs
 
     lines = rule_lines(req)
     if not lines:
@@ -135,15 +139,13 @@ def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
     with ChunkStore.open(settings, background=False, evict=False) as store:
         for tier in store.tiers:
             t: dict[str, Any] = {"tier": tier.name}
-            if hasattr(tier, "dirs"):
+            if isinstance(tier, SegmentDirs):
                 t["purged_pages"] = sum(d.purge.purged_pages for d in tier.dirs)
                 t["segments_evicted"] = sum(d.purge.evicted_aged for d in tier.dirs)
                 if compact_now:
                     t["compaction"] = compact_tier(tier, below)
-            elif getattr(tier, "kind", "") == "s3":
-                from .tiers import s3_purge
-
-                t.update(s3_purge.purge_objects(tier, lines))
+            elif isinstance(tier, ObjectPurging):
+                t.update(tier.purge_objects(lines))
             report["tiers"].append(t)
     return report
 
@@ -158,7 +160,7 @@ def _newest_segment_ms(directory: Path) -> int:
         return 0
 
 
-def compact_tier(tier: Any, below: float | None = None) -> dict[str, int]:
+def compact_tier(tier: "SegmentDirs", below: float | None = None) -> dict[str, int]:
     """Compact every directory of a local / nfs tier; summed counts."""
     from .tiers import compaction
 

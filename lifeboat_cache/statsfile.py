@@ -89,7 +89,7 @@ def tier_state(store: "ChunkStore") -> list[dict[str, Any]]:
     for tier, rc, wc in zip(store.tiers, store.read_cooldowns, store.write_cooldowns):
         st = tier.stats()
         out.append({
-            "tier": tier.name, "kind": getattr(tier, "kind", "?"), "pages": int(st.get("pages", 0) or 0),
+            "tier": tier.name, "kind": tier.kind, "pages": int(st.get("pages", 0) or 0),
             "usage_bytes": int(st.get("usage_bytes") or 0), "capacity_bytes": st.get("capacity_bytes"),
             "rebuild_s": (st["rebuild_ms"] / 1000.0) if "rebuild_ms" in st else None,
             "reads_cooling_down": rc.active(), "writes_cooling_down": wc.active(),
@@ -143,7 +143,7 @@ class StatsReporter:
         """Write the stats file and sync Prometheus now (the thread calls this every interval)."""
         with self._lock:
             if self.exporter is not None:
-                self.exporter.sync()
+                self.exporter.sync(tier_state(self.store))
             try:
                 make_dirs(self.dir, 0o700)
                 data = snapshot(self.store, self.role, self.labels, self.started, self._errors.last,

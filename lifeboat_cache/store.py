@@ -1,9 +1,9 @@
-"""ChunkStore: batch put / get / exists of pages over the configured tiers.
+"""ChunkStore: batch put / get / count_leading_hits of pages over the configured tiers.
 
 The store coordinates; tiers store record bytes, the codec encodes and checks them. Encoding,
-writing, reading and decoding run on an io worker pool (`engine.io_workers`), so a 128-page call
+writing, reading and decoding run on io worker threads (`engine.io_workers`), so a 128-page call
 from SGLang is processed in parallel (zstd and file I/O release the GIL). Storage trouble never
-raises out of put / get_into / exists: it is a miss or a dropped write, counted by cause, logged
+raises out of put / get_into / count_leading_hits: it is a miss or a dropped write, counted by cause, logged
 once per cooldown, and the failing tier is skipped for a cooldown that doubles while it keeps
 failing. A record is verified (header, identity, payload checksum) before its bytes are trusted;
 one that fails is dropped from the index and quarantined.
@@ -23,10 +23,11 @@ from . import codec
 from .codec import HEADER_SIZE, RecordError
 from .config import Settings, TierSettings, load_settings
 from .copier import COPY_BATCH_BYTES, DEFAULT_COPY_WORKERS, Copier
-from .iopool import Gate, IoPool
+from .io_workers import Gate, IoWorkers
 from .keys import DigestCache
 from .metrics import Counters
 from .tiers import Ref, Tier, open_tier
+from .tiers.base import Auditing, Probing
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def _owned(parts: Sequence[object]) -> list[object]:
 def compresses(ts: TierSettings, engine_compression: str) -> bool:
     """Whether a tier stores pages compressed: its own `compression:`, else the engine's, else
     (`auto`) the rule: a local drive stores raw (zstd costs more CPU per byte than an NVMe write or
-    read saves, and raw pages read straight into SGLang's pool), nfs and s3 store compressed (the
+    read saves, and raw pages read straight into SGLang's host pool), nfs and s3 store compressed (the
     network and the remote capacity are what is scarce there; ~1.45x smaller on real bf16 KV)."""
     choice = ts.compression or engine_compression
     if choice == "auto":
@@ -141,8 +142,8 @@ class ChunkStore:
         self._probes: dict[int, int | None] = {}  # held tier level -> a key to probe it with
         self._prober: threading.Thread | None = None
         self._probe_lock = threading.Lock()
-        self._pool = IoPool(eng.io_workers, max_workers=eng.io_workers * IO_THREADS_PER_WORKER,
-                            counters=self.counters, stuck_s=eng.deadline_s)
+        self._pool = IoWorkers(eng.io_workers, max_workers=eng.io_workers * IO_THREADS_PER_WORKER,
+                               counters=self.counters, stuck_s=eng.deadline_s)
         self._closed = False
         # the drive-choice rule of the first multi-drive tier: a dialog's first N pages pick its drive
         self.affinity_chunks = next((ts.affinity_chunks for ts in settings.storage if len(ts.paths) > 1), 1)
@@ -204,7 +205,7 @@ class ChunkStore:
             hit[miss] = tier.contains(ik[miss])
         return hit.tolist()
 
-    def exists(self, ns: bytes, keys: Sequence[str | bytes]) -> int:
+    def count_leading_hits(self, ns: bytes, keys: Sequence[str | bytes]) -> int:
         """How many keys, from the first, are stored (SGLang's batch_exists contract)."""
         t0 = time.perf_counter()
         hits = self.contains(ns, keys)
@@ -266,7 +267,7 @@ class ChunkStore:
         t_end = time.monotonic() + self.deadline_s
         # a write to a shared/remote tier may outlive the call: it must then own its bytes
         own = tier.shared
-        if todo and not redirect and getattr(tier, "batch_writes", False):
+        if todo and not redirect and tier.batch_writes:
             self._put_batches(tier, cd, ns, ds, ik, views, todo, results, affinity, gate, t_end)
             todo = []
 
@@ -563,7 +564,7 @@ class ChunkStore:
     def _hold(self, level: int, ikey: int | None) -> None:
         """Skip a tier that missed a deadline until a background probe gets an answer from it."""
         tier = self.tiers[level]
-        if getattr(tier, "probe", None) is None and ikey is None:
+        if not isinstance(tier, Probing) and ikey is None:
             return  # nothing to probe it with: the plain cooldown decides
         with self._probe_lock:
             if self._closed:
@@ -598,9 +599,8 @@ class ChunkStore:
         """One request to a held tier (it may block: this thread only). True when it answered."""
         tier = self.tiers[level]
         try:
-            probe = getattr(tier, "probe", None)
-            if probe is not None:
-                probe()
+            if isinstance(tier, Probing):
+                tier.probe()
                 return True
             ref = tier.locate(ikey) if ikey is not None else None
             if ref is not None:
@@ -654,16 +654,15 @@ class ChunkStore:
                     if h.record_len != ref.length:
                         raise RecordError("truncated", "length differs from the index")
                 except (RecordError, OSError) as e:
-                    where = getattr(tier, "loc_name", lambda r: repr(r))(ref)
+                    where = tier.loc_name(ref)
                     problems.append(f"{tier.name}: {where}: {e}")
                     if fix and isinstance(e, RecordError):
                         tier.forget(ikey, ref, getattr(e, "reason", "verify"))
                         self.counters.add("quarantined")
                 if progress is not None:
                     progress(n, len(recs))
-            audit = getattr(tier, "audit", None)
-            if audit is not None:
-                problems.extend(audit(fix))
+            if isinstance(tier, Auditing):
+                problems.extend(tier.audit(fix))
         return problems
 
     def gc(self) -> int:

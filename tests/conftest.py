@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support.s3_server import AWS_TEST_ENV, MotoS3Server, start_with_retry  # noqa: F401  (one launcher)
+from lifeboat_cache.testing.s3_server import AWS_TEST_ENV, MotoS3Server, start_with_retry  # noqa: F401  (one launcher)
 
 log = logging.getLogger("lifeboat.tests")
 

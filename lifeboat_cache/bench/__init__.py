@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-SECTIONS = ("ceilings", "sglang_vs_file", "index_scale", "compression", "s3", "mlx")
+from .sizes import SECTIONS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -12,9 +12,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from . import SECTIONS
 from .common import log, machine
-from .sizes import Sizes, make, names
+from .sizes import SECTIONS, Sizes, make, names
 
 
 def _section(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -8,67 +8,26 @@ endpoint has tens of ms to first byte, so both are shown), one moto server subpr
     (S3 + promote to local) vs the second read (local), per-page latency, and the ratio at p50.
 Compression is off (random payload): this measures the request path. Then the S3 rebuild section of
 `lifeboat_cache.bench.s3_rebuild` (owned by the S3 tier) runs against the same server, if present.
-
-    python -m lifeboat_cache.bench.s3 --serve PORT --latency-ms MS   (the server child)
+The server is the test kit's moto launcher (lifeboat_cache.testing.s3_server).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..testing.s3_server import start_with_retry
 from .adapters import call_run
 from .common import pct
 from .sizes import Sizes, ints
 
 BATCH = 32
-
-
-def serve(port: int, latency_ms: float) -> None:
-    """moto's S3 app on 127.0.0.1:port under werkzeug's threaded server, sleeping before each request."""
-    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-    from werkzeug.serving import make_server
-
-    app = DomainDispatcherApplication(create_backend_app)
-    delay = latency_ms / 1000.0
-
-    def delayed(environ, start_response):  # type: ignore[no-untyped-def]
-        if delay:
-            time.sleep(delay)
-        return app(environ, start_response)
-
-    make_server("127.0.0.1", port, delayed, threaded=True, request_handler=MotoRequestHandler).serve_forever()
-
-
-def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "lifeboat_cache.bench.s3", "--serve", str(port),
-                             "--latency-ms", str(latency_ms)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    for _ in range(300):
-        try:
-            opener.open(url + "/moto-api/", timeout=1).read(0)
-            return proc, url
-        except Exception:  # noqa: BLE001 - not up yet
-            if proc.poll() is not None:
-                break
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"moto server on {url} did not start")
 
 
 def settings(endpoint: str, bucket: str, workers: int, local: Path | None = None) -> Any:
@@ -156,7 +115,8 @@ def run(work: Path, sizes: Sizes, quick: bool) -> dict[str, Any]:
         os.environ.setdefault(k, v)
     out: dict[str, Any] = {"latencies": {}}
     for latency in ints(sizes.s3_latency_ms):
-        proc, endpoint = start_server(latency)
+        server = start_with_retry(work, latency_ms=latency)  # its log in the work dir
+        endpoint = server.endpoint
         try:
             out["latencies"][str(latency)] = run_one(endpoint, sizes, work)
             if "rebuild" not in out:
@@ -166,14 +126,5 @@ def run(work: Path, sizes: Sizes, quick: bool) -> dict[str, Any]:
                 except Exception as e:  # noqa: BLE001
                     out["rebuild"] = {"status": "error", "error": f"{type(e).__name__}: {e}"}
         finally:
-            proc.terminate()
-            proc.wait(10)
+            server.stop()
     return out
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--serve", type=int, required=True)
-    ap.add_argument("--latency-ms", type=float, default=0.0)
-    a = ap.parse_args()
-    serve(a.serve, a.latency_ms)

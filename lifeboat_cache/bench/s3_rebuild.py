@@ -31,7 +31,7 @@ import numpy as np
 from .. import codec
 from ..config import TierSettings
 from ..keys import index_key, key_digest, namespace_fingerprint
-from .s3 import start_server
+from ..testing.s3_server import start_with_retry
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,8 @@ def run(quick: bool = False) -> dict:
 
     pages = QUICK_PAGES if quick else FULL_PAGES
     ns = namespace_fingerprint(model="bench-s3-rebuild")
-    proc, url = start_server(latency_ms=0)  # the bench's one moto launcher
+    server = start_with_retry()  # the one moto launcher (lifeboat_cache.testing.s3_server)
+    url = server.endpoint
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_EC2_METADATA_DISABLED")}
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_EC2_METADATA_DISABLED="true")
     try:
@@ -125,8 +126,7 @@ def run(quick: bool = False) -> dict:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        proc.kill()
-        proc.wait(10)
+        server.stop(hard=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""How big each section runs: the full preset (fits ~15 minutes on a 2-core machine), the quick
-preset (CI: the whole harness end to end in well under 2 minutes), and `--size key=value` overrides."""
+"""Which sections there are and how big each runs: the full preset (fits ~15 minutes on a 2-core
+machine), the quick preset (CI: the whole harness end to end in well under 2 minutes), and
+`--size key=value` overrides."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+
+SECTIONS = ("ceilings", "sglang_vs_file", "index_scale", "compression", "s3", "mlx")  # in run order
 
 
 @dataclass(frozen=True)

@@ -361,7 +361,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
     def batch_exists(self, keys: list[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         check_keys(keys)
         t0 = time.perf_counter()
-        n = self.store.exists(self._pool(PoolName.KV).ns, keys)
+        n = self.store.count_leading_hits(self._pool(PoolName.KV).ns, keys)
         self._trace("batch_exists", t0, len(keys), n)
         return n
 

@@ -586,7 +586,7 @@ class ChunkReader:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lifeboat-mlx-read")
 
     def leading_hits(self, ns: bytes, keys: Sequence[bytes]) -> int:
-        return self.store.exists(ns, keys) if keys else 0
+        return self.store.count_leading_hits(ns, keys) if keys else 0
 
     def read(self, ns: bytes, keys: Sequence[bytes], first: int, affinity: int | None = None,
              tail: tuple[bytes, bytes, int] | None = None) -> ChunkRead:

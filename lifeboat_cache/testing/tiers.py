@@ -14,6 +14,7 @@ Only pytest is imported here, at use: the package does not depend on it.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,11 @@ from .. import codec
 from ..config import EngineSettings, Settings, TierSettings
 from ..keys import index_key, key_digest, namespace_fingerprint
 from ..store import ChunkStore
-from ..tiers.base import Ref, Tier
+from ..tiers.base import Auditing, Describing, ObjectPurging, Probing, Ref, SegmentDirs, Tier
+
+# capability mixin -> the attribute a tier must have exactly when it declares the mixin
+CAPABILITIES: dict[type, str] = {Probing: "probe", Auditing: "audit", Describing: "describe",
+                                 SegmentDirs: "dirs", ObjectPurging: "purge_objects"}
 
 NS = namespace_fingerprint(model="tier-conformance", dtype="uint8")
 
@@ -312,6 +317,34 @@ class TierTests:
         stale = old_refs[old.index(gone[0])]
         assert read_blob(tier, stale) is None, "an evicted location must read as stale, not raise"
 
+    def test_capabilities_are_declared(self, tier: Tier) -> None:
+        """A tier lists a capability mixin exactly when it has the capability's attribute (callers
+        check `isinstance`, so an undeclared `probe` would silently never be used)."""
+        for cap, attr in CAPABILITIES.items():
+            assert isinstance(tier, cap) == hasattr(tier, attr), \
+                f"{type(tier).__name__}: has {attr}={hasattr(tier, attr)} but declares {cap.__name__}=" \
+                f"{isinstance(tier, cap)}"
+        background = "background" in inspect.signature(tier.write_many).parameters
+        assert background == tier.batch_writes, \
+            f"{type(tier).__name__}: batch_writes={tier.batch_writes} needs write_many(..., background=) iff set"
+
+    def test_declared_capabilities_work(self, tier: Tier) -> None:
+        recs = make_records(3)
+        write_all(tier, recs)
+        tier.flush()
+        if isinstance(tier, Probing):
+            assert tier.probe() is None
+        if isinstance(tier, Auditing):
+            assert tier.audit(False) == []
+        if isinstance(tier, Describing):
+            units = tier.describe()
+            assert units and all("raw_bytes" in u and "stored_bytes" in u for u in units)
+            assert sum(int(u["stored_bytes"]) for u in units) > 0
+        if isinstance(tier, SegmentDirs):
+            assert tier.dirs and sum(len(d.index) for d in tier.dirs) == len(recs)
+        ref = tier.locate(recs[0].ikey)
+        assert ref is not None and isinstance(tier.loc_name(ref), str) and tier.loc_name(ref)
+
     def test_stats_names_the_tier(self, tier: Tier) -> None:
         write_all(tier, make_records(2))
         s = tier.stats()
@@ -322,7 +355,7 @@ class TierTests:
         pages = [r.page for r in make_records(20, size=5000)]
         keys = [f"s{i}" for i in range(20)]
         assert all(st.put(NS, keys, pages))
-        assert st.exists(NS, keys) == 20
+        assert st.count_leading_hits(NS, keys) == 20
         out = [np.empty_like(p) for p in pages]
         assert all(st.get_into(NS, keys, out))
         assert all((o == p).all() for o, p in zip(out, pages))

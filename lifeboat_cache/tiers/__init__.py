@@ -18,9 +18,9 @@ def open_tier(settings: TierSettings, *, background: bool = True, io_workers: in
     if settings.type == "local":
         return LocalTier(settings, read_only=read_only, evict=evict).open(background=background)
     if settings.type == "nfs":
-        from .shared_fs import SharedFsTier
+        from .nfs import NfsTier
 
-        return SharedFsTier(settings, read_only=read_only, evict=evict).open(background=background)
+        return NfsTier(settings, read_only=read_only, evict=evict).open(background=background)
     if settings.type == "s3":
         from .s3 import S3Tier
 

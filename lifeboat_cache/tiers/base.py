@@ -3,17 +3,25 @@
 A tier owns its index (a scan of its own layout rebuilds it) and knows nothing of codecs: it stores
 the bytes of whole records and returns them. I/O failures raise OSError (the store turns them into
 misses and a cooldown); a stale location returns False.
+
+What a tier can do beyond the `Tier` core is declared, never probed for: the `batch_writes` flag, and
+the capability mixins below (`Probing`, `Auditing`, `Describing`, `SegmentDirs`, `ObjectPurging`) that a
+tier lists among its bases. Callers check them with `isinstance`; the conformance suite
+(testing/tiers.py) checks that a tier declares exactly the capabilities whose methods it has.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
 from ..index import Index, Loc
+
+if TYPE_CHECKING:
+    from .segment import SegmentDir
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +40,9 @@ class Tier(ABC):
     kind: ClassVar[str]
     shared: ClassVar[bool] = False  # several hosts may use it at once
     durable: ClassVar[bool] = True
+    # the store hands a put() batch to write_many as one unit (S3: one object per batch), and the copier
+    # passes write_many(..., background=True); a tier that sets it must accept that keyword
+    batch_writes: ClassVar[bool] = False
 
     name: str
 
@@ -92,6 +103,51 @@ class Tier(ABC):
     def stats(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "usage_bytes": self.usage_bytes(),
                 "capacity_bytes": self.capacity_bytes()}
+
+    def loc_name(self, ref: Ref) -> str:
+        """A record's place as people read it (verify's reports): a segment / object name and offset."""
+        return repr(ref)
+
+
+# ---- capabilities: optional abilities a tier declares by listing the mixin among its bases
+
+class Probing(ABC):
+    """A tier with a cheap request of its own that tells whether it answers again after a missed deadline
+    (the store's prober calls it; tiers without one are probed by reading a record back)."""
+
+    @abstractmethod
+    def probe(self) -> None:
+        """One small request; returns when the tier answered, raises OSError when it did not."""
+
+
+class Auditing(ABC):
+    """A tier that can check the other half of verify: every intact record it stores is indexed."""
+
+    @abstractmethod
+    def audit(self, fix: bool = False) -> list[str]:
+        """Problems found (file -> index); with fix, intact unindexed records are indexed."""
+
+
+class Describing(ABC):
+    """A tier that reports per-unit (segment / object) figures for `lifeboat stats`."""
+
+    @abstractmethod
+    def describe(self) -> list[dict[str, int | str | bool]]:
+        """One dict per unit, with at least `raw_bytes` and `stored_bytes`."""
+
+
+class SegmentDirs(ABC):
+    """A tier made of segment directories (local, nfs): purge counts and gc compaction work on them."""
+
+    dirs: "list[SegmentDir]"
+
+
+class ObjectPurging(ABC):
+    """A tier whose purge rewrites stored units now (S3), instead of compacting directories at gc."""
+
+    @abstractmethod
+    def purge_objects(self, lines: list[dict[str, object]]) -> dict[str, Any]:
+        """Apply purge.list rule lines to the stored units now; counts for the purge report."""
 
 
 class SingleIndexTier(Tier):

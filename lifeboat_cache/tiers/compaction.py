@@ -157,15 +157,21 @@ def _sweep(d: "SegmentDir", units: list["_Unit"]) -> None:
             for i in sel.tolist():
                 off, n = int(arrays["offsets"][i]), int(arrays["lengths"][i])
                 try:
-                    ns = os.pread(fd, codec.HEADER_SIZE, off)[NS_AT:NS_AT + 16]
+                    purged = purged_at(f, fd, ms, off)
                 except OSError:
                     continue
-                if len(ns) == 16 and f.blocks(ms, ns):
+                if purged:
                     if d.index.remove_if_match(int(arrays["keys"][i]), Loc(u.id, off, n)):
                         f.purged_pages += 1
         finally:
             d._release(u)
         f.swept[u.id] = mark
+
+
+def purged_at(f: PurgeFilter, fd: int, ms: int, offset: int) -> bool:
+    """Whether the record at offset, in a segment created at ms, is purged (reads its header's namespace)."""
+    ns = os.pread(fd, codec.HEADER_SIZE, offset)[NS_AT:NS_AT + 16]
+    return len(ns) == 16 and f.blocks(ms, ns)
 
 
 def unpurged(d: "SegmentDir", name: str, fd: int, entries: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -174,12 +180,7 @@ def unpurged(d: "SegmentDir", name: str, fd: int, entries: list[tuple[int, int, 
     if not f.active or not entries:
         return entries
     ms = unit_ms(name)
-    out = []
-    for k, o, n in entries:
-        ns = os.pread(fd, codec.HEADER_SIZE, o)[NS_AT:NS_AT + 16]
-        if not (len(ns) == 16 and f.blocks(ms, ns)):
-            out.append((k, o, n))
-    return out
+    return [(k, o, n) for k, o, n in entries if not purged_at(f, fd, ms, o)]
 
 
 def _unlink_unit(d: "SegmentDir", u: "_Unit") -> int:
@@ -279,8 +280,7 @@ def _compact_one(d: "SegmentDir", u: "_Unit", below: float, out: dict[str, int])
         purged = np.zeros(len(table), dtype=bool)
         if f.active:
             for i in range(len(table)):
-                ns = os.pread(fd, codec.HEADER_SIZE, int(table["offset"][i]))[NS_AT:NS_AT + 16]
-                purged[i] = len(ns) == 16 and f.blocks(ms, ns)
+                purged[i] = purged_at(f, fd, ms, int(table["offset"][i]))
         live &= ~purged
         live_bytes = int(table["length"][live].sum())
         if not purged.any() and live_bytes >= below * max(size, 1):

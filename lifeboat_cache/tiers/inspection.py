@@ -1,17 +1,19 @@
 """Inspection of a segment directory: per-segment figures (`lifeboat stats`) and the file -> index
 half of `verify`. Reads the files; changes nothing unless `audit(fix=True)`.
 
-A friend of SegmentDir (uses its unit table and fd bookkeeping), kept apart so the directory module
-holds only what serving needs.
+Kept apart from SegmentDir so the directory module holds only what serving needs; it goes through
+SegmentDir's small public surface (`units`, `reading`, `is_quarantined`, `index_found`, `quarantine_region`).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..keys import index_key
 from . import compaction, recovery
 from .segfile import read_table
 
@@ -19,39 +21,48 @@ if TYPE_CHECKING:
     from .segment import SegmentDir
 
 
-def _ikey(digest: bytes) -> int:
-    return int.from_bytes(digest[:8], "little", signed=True)
+@dataclass
+class Records:
+    """A segment's intact records (arrays in file order) and the regions a walk skipped."""
+
+    keys: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    raw_lengths: np.ndarray
+    damaged: list[tuple[int, int]] = field(default_factory=list)
+
+
+def read_records(fd: int, *, check_payload: bool = True) -> Records:
+    """Every record of an open segment file: from its trailer when sealed, else walked record by record
+    (skipping damage; `check_payload=False` checks headers only). Raises OSError."""
+    size = os.fstat(fd).st_size
+    table = read_table(fd, size)
+    if table is not None:
+        return Records(np.asarray(table["key"], np.int64), np.asarray(table["offset"], np.uint64),
+                       np.asarray(table["length"], np.uint32), np.asarray(table["raw_length"], np.uint64))
+    w = recovery.walk(fd, 0, size, check_payload=check_payload)
+    return Records(np.array([index_key(e[0]) for e in w.entries], np.int64),
+                   np.array([e[1] for e in w.entries], np.uint64), np.array([e[2] for e in w.entries], np.uint32),
+                   np.array([e[3] for e in w.entries], np.uint64), w.damaged)
 
 
 def describe(d: "SegmentDir") -> list[dict[str, int | str | bool]]:
     """Per segment: records, stored and raw bytes (from trailers, or record headers when unsealed)."""
     out = []
     for name, size, sealed in d.units():
-        with d._lock:
-            unit = d._units.get(d._by_name.get(name, -1))
-        if unit is None:
-            continue
         recs = stored = raw = 0
-        try:
-            fd = d._acquire(unit)
-        except OSError:
-            continue
-        try:
-            fsize = os.fstat(fd).st_size
-            table = read_table(fd, fsize)
-            if table is not None:
-                recs, stored, raw = len(table), int(table["length"].sum()), int(table["raw_length"].sum())
-            else:
-                w = recovery.walk(fd, 0, fsize, check_payload=False)
-                recs = len(w.entries)
-                stored, raw = sum(e[2] for e in w.entries), sum(e[3] for e in w.entries)
-        except OSError as e:
-            d._log_once(f"describe:{name}", "lifeboat: cannot describe %s: %s", unit.path, e)
-        finally:
-            d._release(unit)
+        with d.reading(name) as fd:
+            if fd is None:
+                continue
+            try:
+                r = read_records(fd, check_payload=False)
+                recs, stored, raw = len(r.keys), int(r.lengths.sum()), int(r.raw_lengths.sum())
+            except OSError as e:
+                d.log_once(f"describe:{name}", "lifeboat: cannot describe %s: %s", d.path / name, e)
         out.append({"segment": name, "bytes": size, "sealed": sealed, "records": recs,
                     "stored_bytes": stored, "raw_bytes": raw})
     return out
+
 
 def audit(d: "SegmentDir", fix: bool = False) -> list[str]:
     """The file -> index half of verify: intact records missing from the index, damaged regions.
@@ -60,42 +71,29 @@ def audit(d: "SegmentDir", fix: bool = False) -> list[str]:
     are reported once).
     """
     problems: list[str] = []
-    with d._lock:
-        units = [u for u in d._units.values() if not u.own]
-    for unit in sorted(units, key=lambda u: u.name):
-        try:
-            fd = d._acquire(unit)
-        except OSError:
-            continue
-        try:
-            size = os.fstat(fd).st_size
-            table = read_table(fd, size)
-            if table is not None:
-                entries = [(int(k), int(o), int(n)) for k, o, n in
-                           zip(table["key"].tolist(), table["offset"].tolist(), table["length"].tolist())]
-                damaged: list[tuple[int, int]] = []
-            else:
-                w = recovery.walk(fd, 0, size)
-                entries = [(_ikey(e[0]), e[1], e[2]) for e in w.entries]
-                damaged = w.damaged
-            entries = compaction.unpurged(d, unit.name, fd, entries)  # purged: not missing, only not yet compacted
-        except OSError as e:
-            problems.append(f"{unit.name}: cannot read ({e})")
-            continue
-        finally:
-            d._release(unit)
-        missing = [(k, o, n) for k, o, n in entries
-                   if (unit.name, o) not in d._quarantine and d.index.get(k) is None]
-        for k, o, n in missing:
-            problems.append(f"{unit.name}@{o}: intact record missing from the index")
-        if fix and missing:
-            d._index_entries(unit, np.array([m[0] for m in missing], np.int64),
-                                np.array([m[1] for m in missing], np.uint64),
-                                np.array([m[2] for m in missing], np.uint32))
-        for off, n in damaged:
-            if (unit.name, off) in d._quarantine:
+    for name, _, _ in d.units(own=False):
+        with d.reading(name) as fd:
+            if fd is None:
                 continue
-            problems.append(f"{unit.name}@{off}: {n} bytes unreadable (torn or corrupt record) skipped")
+            try:
+                r = read_records(fd)
+                entries = list(zip(r.keys.tolist(), r.offsets.tolist(), r.lengths.tolist()))
+                # purged: not missing, only not yet compacted
+                entries = compaction.unpurged(d, name, fd, entries)
+            except OSError as e:
+                problems.append(f"{name}: cannot read ({e})")
+                continue
+        missing = [(k, o, n) for k, o, n in entries if not d.is_quarantined(name, o) and d.index.get(k) is None]
+        for k, o, n in missing:
+            problems.append(f"{name}@{o}: intact record missing from the index")
+        if fix and missing:
+            d.index_found(name, np.array([m[0] for m in missing], np.int64),
+                          np.array([m[1] for m in missing], np.uint64),
+                          np.array([m[2] for m in missing], np.uint32))
+        for off, n in r.damaged:
+            if d.is_quarantined(name, off):
+                continue
+            problems.append(f"{name}@{off}: {n} bytes unreadable (torn or corrupt record) skipped")
             if fix:
-                d._record_quarantine(unit.name, off, n, "damaged")
+                d.quarantine_region(name, off, n, "damaged")
     return problems

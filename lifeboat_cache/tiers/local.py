@@ -11,14 +11,14 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..config import TierSettings
-from .base import Ref, Tier
+from .base import Auditing, Describing, Ref, SegmentDirs, Tier
 from .segment import SegmentDir
 
 
-class LocalTier(Tier):
+class LocalTier(Tier, Auditing, Describing, SegmentDirs):
     kind = "local"
     fsync = False  # a killed process loses nothing the kernel already has; seal-time fsync is for NFS
-    segment_dir_cls: type[SegmentDir] = SegmentDir  # shared_fs swaps in its NFS-aware subclass
+    segment_dir_cls: type[SegmentDir] = SegmentDir  # nfs swaps in its NFS-aware subclass
 
     def __init__(self, settings: TierSettings, name: str | None = None, stripes: int = 4, *,
                  read_only: bool = False, evict: bool = True) -> None:

@@ -62,7 +62,7 @@ from ..codec import raw_length
 from ..config import DEFAULT_DEADLINE_S, DEFAULT_IO_WORKERS, TierSettings
 from ..index import Index, Loc
 from ..metrics import Counters
-from .base import Ref, SingleIndexTier
+from .base import Describing, ObjectPurging, Probing, Ref, SingleIndexTier
 from .segment import _writer_tag, build_trailer, parse_trailer, trailer_size
 
 try:
@@ -175,7 +175,7 @@ def make_client(settings: TierSettings, pool_connections: int, *, session: Any =
     return session, client
 
 
-class S3Tier(SingleIndexTier):
+class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging):
     kind = "s3"
     shared = True
     durable = True
@@ -545,8 +545,7 @@ class S3Tier(SingleIndexTier):
             parts.extend(bufs)
             end += length
         body = b"".join([*parts, build_trailer(end, entries)])  # type: ignore[list-item]
-        obj_name = (f"{int(time.time() * 1000):013d}-{self._tag}-{_TOKEN}{next(_SEQ):06d}-"
-                    f"{len(records)}{OBJECT_SUFFIX}")
+        obj_name = self.object_name(int(time.time() * 1000), len(records))
         self._call("put_object", background=background, Bucket=self.bucket, Key=self.data_prefix + obj_name,
                    Body=body, **self._put_extra)
         self.counters.add("bytes_written", len(body))
@@ -611,6 +610,17 @@ class S3Tier(SingleIndexTier):
     def records(self) -> Iterator[tuple[int, Ref]]:
         for k, loc in self.index.items():
             yield k, Ref(0, loc)
+
+    def object_name(self, ms: int, count: int) -> str:
+        """A new object's name: creation time (ms), writer, a never-repeating sequence, record count."""
+        return f"{ms:013d}-{self._tag}-{_TOKEN}{next(_SEQ):06d}-{count}{OBJECT_SUFFIX}"
+
+    parse_object_name = staticmethod(_parse_name)
+
+    def purge_objects(self, lines: list[dict[str, object]]) -> dict[str, Any]:
+        from . import s3_purge
+
+        return s3_purge.purge_objects(self, lines)
 
     def loc_name(self, ref: Ref) -> str:
         with self._lock:

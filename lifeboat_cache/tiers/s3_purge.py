@@ -43,8 +43,6 @@ def purge_objects(tier: "S3Tier", lines: list[dict[str, object]]) -> dict[str, A
     """Apply purge rules to every object of the bucket now (its own listing, not the index: an object
     whose trailer this process could not read is purged too). Returns counts; `errors` > 0 means
     the purge is incomplete (run it again)."""
-    from . import s3 as s3mod
-
     rules = rules_of(lines)
     out = {"objects_deleted": 0, "objects_rewritten": 0, "purged_pages": 0, "errors": 0}
     try:
@@ -54,7 +52,7 @@ def purge_objects(tier: "S3Tier", lines: list[dict[str, object]]) -> dict[str, A
         out["errors"] += 1
         return out
     named = sorted((p[0], p[1], name, size) for name, size in listing.items()
-                   if (p := s3mod._parse_name(name)) is not None)
+                   if (p := tier.parse_object_name(name)) is not None)
     newest = max((ms for ms, _, _, _ in named), default=0)
     for ns, before in rules.namespaces.items():  # every object that exists now, whatever its writer's clock
         rules.namespaces[ns] = max(before, newest + 1)
@@ -109,8 +107,6 @@ def _delete(tier: "S3Tier", name: str, obj: Any) -> None:
 
 
 def _rewrite(tier: "S3Tier", obj: Any, ms: int, body: bytes, keep: list[tuple[int, int, int]]) -> None:
-    from . import s3 as s3mod
-
     parts, entries, moved, end = [], [], [], 0
     for ikey, off, n in keep:
         rec = body[off: off + n]
@@ -126,7 +122,7 @@ def _rewrite(tier: "S3Tier", obj: Any, ms: int, body: bytes, keep: list[tuple[in
     if not entries:
         return
     blob = b"".join([*parts, build_trailer(end, entries)])
-    name = f"{ms:013d}-{tier._tag}-{s3mod._TOKEN}{next(s3mod._SEQ):06d}-{len(entries)}{s3mod.OBJECT_SUFFIX}"
+    name = tier.object_name(ms, len(entries))
     tier._call("put_object", background=True, Bucket=tier.bucket, Key=tier.data_prefix + name, Body=blob,
                **tier._put_extra)
     with tier._lock:

@@ -20,6 +20,7 @@ import os
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..codec import raw_length
 from ..index import Index, Loc
+from ..keys import index_key
 from . import compaction
 from . import inspection
 from . import quarantine as qlist
@@ -81,10 +83,6 @@ class _Writer:
     count: int = 0  # records reserved (written or not)
     sealing: bool = False
     entries: list[Entry] = field(default_factory=list)
-
-
-def _ikey(digest: bytes) -> int:
-    return int.from_bytes(digest[:8], "little", signed=True)
 
 
 class SegmentDir:
@@ -283,11 +281,11 @@ class SegmentDir:
             self._scan(u)
 
     def _catches_up(self, unit: _Unit) -> bool:
-        """Whether a catch-up rescans this open segment of another process (shared_fs: same host only)."""
+        """Whether a catch-up rescans this open segment of another process (nfs: same host only)."""
         return True
 
     def _heartbeat(self) -> None:
-        """Show other hosts that this process is alive (shared_fs); nothing to do on a local directory."""
+        """Show other hosts that this process is alive (nfs); nothing to do on a local directory."""
 
     def _changed(self, segments: bool = False) -> None:
         if self._changes is not None:
@@ -413,7 +411,7 @@ class SegmentDir:
 
     def _index_walk(self, unit: _Unit, w: recovery.Walk) -> None:
         if w.entries:
-            keys = np.array([_ikey(e[0]) for e in w.entries], np.int64)
+            keys = np.array([index_key(e[0]) for e in w.entries], np.int64)
             offs = np.array([e[1] for e in w.entries], np.uint64)
             lens = np.array([e[2] for e in w.entries], np.uint32)
             self.counters["scan_records"] += self._index_entries(unit, keys, offs, lens)
@@ -748,9 +746,11 @@ class SegmentDir:
         with self._lock:
             return sum(u.size for u in self._units.values())
 
-    def units(self) -> list[tuple[str, int, bool]]:
+    def units(self, *, own: bool = True) -> list[tuple[str, int, bool]]:
+        """(name, bytes, sealed) of each segment, by name; own=False leaves out this process's open ones."""
         with self._lock:
-            return [(u.name, u.size, u.sealed) for u in sorted(self._units.values(), key=lambda u: u.name)]
+            return [(u.name, u.size, u.sealed) for u in sorted(self._units.values(), key=lambda u: u.name)
+                    if own or not u.own]
 
     def _projected_bytes(self) -> int:
         """Bytes on disk once every open segment is full: what the capacity must hold."""
@@ -801,7 +801,7 @@ class SegmentDir:
             self.counters["evicted_bytes"] += victim.size
 
     def _evictable(self, unit: _Unit) -> bool:
-        """Sealed segments only: another process's open segment is never unlinked (shared_fs widens this)."""
+        """Sealed segments only: another process's open segment is never unlinked (nfs widens this)."""
         return unit.sealed and not unit.own
 
     def describe(self) -> list[dict[str, int | str | bool]]:
@@ -811,6 +811,40 @@ class SegmentDir:
     def audit(self, fix: bool = False) -> list[str]:
         """The file -> index half of verify (see inspection.audit)."""
         return inspection.audit(self, fix)
+
+    # ------------------------------------------------------------------ for inspection.py
+    @contextmanager
+    def reading(self, name: str) -> Iterator[int | None]:
+        """The read fd of segment `name`, held open for the block; None when it is gone or cannot be opened."""
+        with self._lock:
+            unit = self._units.get(self._by_name.get(name, -1))
+        try:
+            fd = None if unit is None else self._acquire(unit)
+        except OSError:
+            fd = None
+        if fd is None or unit is None:
+            yield None
+            return
+        try:
+            yield fd
+        finally:
+            self._release(unit)
+
+    def is_quarantined(self, name: str, offset: int) -> bool:
+        return (name, offset) in self._quarantine
+
+    def index_found(self, name: str, keys: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> int:
+        """Index intact records that a scan missed (verify --fix); 0 when the segment is gone."""
+        with self._lock:
+            unit = self._units.get(self._by_name.get(name, -1))
+        return 0 if unit is None else self._index_entries(unit, keys, offs, lens)
+
+    def quarantine_region(self, name: str, offset: int, length: int, reason: str) -> None:
+        """Remember a damaged region so it is reported once (verify --fix)."""
+        self._record_quarantine(name, offset, length, reason)
+
+    def log_once(self, key: str, msg: str, *args: object) -> None:
+        self._log_once(key, msg, *args)
 
     # ------------------------------------------------------------------ quarantine
     def _load_quarantine(self) -> None:

@@ -1,4 +1,4 @@
-"""More real servers on loopback for the S3 fault tests (moto's lives in tests/conftest.py).
+"""More real servers on loopback for the S3 fault tests (moto's launcher is lifeboat_cache.testing.s3_server).
 
 * `S3rver`: the npm package `s3rver` run with Node: a second, independent S3 implementation that
   checks SigV4 signatures (moto does not) and stores objects as files, so an overwrite in progress is
@@ -26,15 +26,11 @@ from typing import Callable
 
 import pytest
 
+from lifeboat_cache.testing.s3_server import free_loopback_port
+
 REPO = Path(__file__).resolve().parents[2]
 S3RVER_VERSION = "3.7.1"  # pinned; scripts/_venv.sh installs exactly this
 S3RVER_KEY = S3RVER_SECRET = "S3RVER"  # s3rver's only account
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def s3rver_bin() -> Path | None:
@@ -65,7 +61,7 @@ class S3rver:
 
     def __init__(self, binary: Path, *, cert: Path | None = None, key: Path | None = None) -> None:
         self.binary, self.cert, self.key = binary, cert, key
-        self.port = _free_port()
+        self.port = free_loopback_port()
         self.dir = Path(tempfile.mkdtemp(prefix="lifeboat-s3rver-"))
         self.proc: subprocess.Popen | None = None
 

@@ -49,7 +49,7 @@ CHILD = textwrap.dedent("""
         with open(seg, "r+b") as f:
             f.seek(at + 10)
             f.write(bytes([data[at + 10] ^ 0xFF]))
-    assert store.exists(ns, keys) == 8
+    assert store.count_leading_hits(ns, keys) == 8
     out = [np.empty(2048, np.uint16) for _ in keys]
     ok = store.get_into(ns, keys, out)
     print("OK", sum(ok), flush=True)

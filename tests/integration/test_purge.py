@@ -78,12 +78,12 @@ READER = textwrap.dedent("""
     store = ChunkStore.open(load_settings(cfg), background=False)
     ns, ks = ns_of(model, 0), keys(model + "0", n)
     out = [np.empty(PAGE, np.uint16) for _ in ks]
-    assert store.exists(ns, ks) == n and all(store.get_into(ns, ks, out))
+    assert store.count_leading_hits(ns, ks) == n and all(store.get_into(ns, ks, out))
     print("SERVING", flush=True)
     deadline = time.time() + 30
     while time.time() < deadline:
         got = store.get_into(ns, ks, out)
-        if not any(got) and store.exists(ns, ks) == 0:
+        if not any(got) and store.count_leading_hits(ns, ks) == 0:
             print("STOPPED", time.time(), flush=True)
             break
         time.sleep(0.02)
@@ -124,7 +124,7 @@ def served(cfg: Path, model: str, rank: int, n: int) -> tuple[int, list[bool]]:
         out = [np.empty(PAGE, np.uint16) for _ in range(n)]
         ok = store.get_into(ns, keys(tag, n), out)
         exact = [bool(g) and np.array_equal(o, page(tag, i)) for i, (g, o) in enumerate(zip(ok, out))]
-        return store.exists(ns, keys(tag, n)), exact
+        return store.count_leading_hits(ns, keys(tag, n)), exact
 
 
 def cli(*args: str) -> tuple[int, str, str]:
@@ -270,11 +270,11 @@ def test_max_age_expires_pages_in_a_serving_process(tmp_path: Path) -> None:
     with ChunkStore.open(settings, background=True) as store:
         assert store.put(ns, keys("alpha0", 10), [page("alpha0", i) for i in range(10)]) == [True] * 10
         store.flush()
-        assert store.exists(ns, keys("alpha0", 10)) == 10
+        assert store.count_leading_hits(ns, keys("alpha0", 10)) == 10
         deadline = time.time() + 10
-        while time.time() < deadline and store.exists(ns, keys("alpha0", 10)):
+        while time.time() < deadline and store.count_leading_hits(ns, keys("alpha0", 10)):
             time.sleep(0.1)
-        assert store.exists(ns, keys("alpha0", 10)) == 0
+        assert store.count_leading_hits(ns, keys("alpha0", 10)) == 0
         out = [np.empty(PAGE, np.uint16) for _ in range(10)]
         assert not any(store.get_into(ns, keys("alpha0", 10), out))
         deadline = time.time() + 5  # and not kept: the expired segment is evicted
@@ -324,7 +324,7 @@ def test_s3_purge_rewrites_and_deletes_objects(tmp_path: Path, s3_endpoint: str)
         out = [np.empty(PAGE, np.uint16) for _ in range(8)]
         assert all(store.get_into(b, keys("beta0", 8), out))
         assert all(np.array_equal(o, page("beta0", i)) for i, o in enumerate(out))
-        assert store.exists(a, keys("alpha0", 12)) == 0
+        assert store.count_leading_hits(a, keys("alpha0", 12)) == 0
 
 
 def _rec(ns: bytes, tag: str, i: int) -> tuple[int, bytes, list[object], int]:

@@ -212,18 +212,18 @@ def test_future_dated_and_foreign_names_never_blind_discovery(s3_endpoint: str) 
         c.put_object(Bucket=bucket, Key=named(now_ms + 3600_000, n), Body=body)  # a host 1 h ahead
         c.put_object(Bucket=bucket, Key="cache/o/9999999999999-not-ours.lbo", Body=b"x" * 100)  # another tool
         c.put_object(Bucket=bucket, Key="cache/o/9999999999999-h-1-zzzzzz000001-1.lbo", Body=b"x")  # bad token
-        assert wait_for(lambda: reader.exists(NS, keys(3, "f")) == 3)  # the future object's pages are served
+        assert wait_for(lambda: reader.count_leading_hits(NS, keys(3, "f")) == 3)  # the future object's pages are served
         t = reader.tiers[0]
         assert t.listing_start_ms() <= int(time.time() * 1000) - 100_000  # its date did not move the start
         assert t.stats().get("objects_foreign", 0) >= 2
         # another host's new objects are found by the next incremental listing, not in 10 minutes
         ks, ps = keys(5, "w"), pages(5, seed=4)
         assert all(writer.put(NS, ks, ps))
-        assert wait_for(lambda: reader.exists(NS, ks) == 5, timeout=5)
+        assert wait_for(lambda: reader.count_leading_hits(NS, ks) == 5, timeout=5)
         # a writer whose clock runs 60 s behind is found as well (bounded by LISTING_LOOKBACK_S)
         body, n = object_body(ep, bucket, keys(2, "late"), seed=5)
         c.put_object(Bucket=bucket, Key=named(int(time.time() * 1000) - 60_000, n, "slowclock"), Body=body)
-        assert wait_for(lambda: reader.exists(NS, keys(2, "late")) == 2, timeout=5)
+        assert wait_for(lambda: reader.count_leading_hits(NS, keys(2, "late")) == 2, timeout=5)
         assert all(read_back(reader, ks, ps))
     finally:
         reader.close()
@@ -243,9 +243,9 @@ def test_unreadable_trailer_is_retried_then_given_up(s3_endpoint: str, monkeypat
         key = named(int(time.time() * 1000), n)
         c.put_object(Bucket=bucket, Key=key, Body=body[: len(body) // 2])  # listed before complete
         assert wait_for(lambda: t.stats()["retrying_objects"] == 1, timeout=5)
-        assert reader.exists(NS, keys(4, "t")) == 0
+        assert reader.count_leading_hits(NS, keys(4, "t")) == 0
         c.put_object(Bucket=bucket, Key=key, Body=body)  # the upload completes
-        assert wait_for(lambda: reader.exists(NS, keys(4, "t")) == 4, timeout=5)
+        assert wait_for(lambda: reader.count_leading_hits(NS, keys(4, "t")) == 4, timeout=5)
         assert t.stats()["retrying_objects"] == 0 and t.stats()["invalid_objects"] == 0
         # an object that stays bad is given up after BAD_MAX_TRIES, and then never fetched again
         c.put_object(Bucket=bucket, Key=named(int(time.time() * 1000), 2), Body=os.urandom(4096))
@@ -279,7 +279,7 @@ def test_overwrite_in_progress_on_s3rver_is_retried(monkeypatch) -> None:
             t = reader.tiers[0]
             assert t.stats()["retrying_objects"] == 1  # the placeholder has no valid trailer
             c.put_object(Bucket=bucket, Key=key, Body=body)
-            assert wait_for(lambda: reader.exists(NS, keys(6, "o")) == 6, timeout=10)
+            assert wait_for(lambda: reader.count_leading_hits(NS, keys(6, "o")) == 6, timeout=10)
             assert all(read_back(reader, keys(6, "o"), pages(6, seed=7)))
         finally:
             reader.close()
@@ -314,7 +314,7 @@ def test_restart_serves_while_listing_and_writes_batches(s3_endpoint: str) -> No
         assert first is not None and first < 1.0, first
         assert st.wait_rebuilt(30)
         print(f"\nfirst hit {first:.3f} s after open; rebuilt after {time.monotonic() - t0:.3f} s")
-        assert st.exists(NS, ks) == 150
+        assert st.count_leading_hits(NS, ks) == 150
         assert all(ok for i in range(0, 150, 25) for ok in read_back(st, ks[i: i + 25], ps[i: i + 25]))
     finally:
         st.close()
@@ -387,7 +387,7 @@ def test_credentials_by_env_var_name_and_profile_pass_signature_checks(s3rver_se
     with ChunkStore.open(settings(by_env), background=False) as st:
         assert all(st.put(NS, ks, ps)) and all(read_back(st, ks, ps))
     with ChunkStore.open(settings(entry(ep, bucket, profile="ontap")), background=False) as st:
-        assert st.exists(NS, ks) == 3 and all(read_back(st, ks, ps))
+        assert st.count_leading_hits(NS, ks) == 3 and all(read_back(st, ks, ps))
     # s3rver 3.7.1 checks the access key id of a SigV4 request (not the signature itself)
     wrong = entry(ep, bucket, prefix="other/", access_key_id_env="WRONG_KEY", secret_access_key_env="ONTAP_SECRET")
     with ChunkStore.open(settings(wrong), background=False) as st:  # the default chain's keys are wrong too

@@ -100,7 +100,7 @@ def test_round_trip_through_the_store(s3_endpoint: str) -> None:
     ks, ps = keys(64), pages(64)
     with ChunkStore.open(s3_settings(s3_endpoint, bucket), background=False) as st:
         assert all(st.put(NS, ks, ps))
-        assert st.exists(NS, ks) == 64
+        assert st.count_leading_hits(NS, ks) == 64
         assert all(read_back(st, ks, ps))
         assert st.verify() == []
         tier = st.stats()["tiers"][0]
@@ -117,7 +117,7 @@ def test_restart_rebuilds_the_index_from_a_paginated_listing(s3_endpoint: str) -
     try:
         st.tiers[0].list_page_keys = 10  # type: ignore[attr-defined]  # several pages, like 1000s of objects
         assert st.wait_rebuilt(30)
-        assert st.exists(NS, ks) == 45
+        assert st.count_leading_hits(NS, ks) == 45
         assert all(read_back(st, ks, ps))
         t = st.stats()["tiers"][0]
         assert t["listed_records"] == 45
@@ -154,14 +154,14 @@ def test_exists_never_waits_on_the_network(s3_server) -> None:
         st = ChunkStore.open(s3_settings(s3_server.endpoint, bucket), background=True)
         opened = time.perf_counter() - t0
         t0 = time.perf_counter()
-        n = st.exists(NS, ks)
+        n = st.count_leading_hits(NS, ks)
         took = time.perf_counter() - t0
         assert n == 0 and took < 0.05 and opened < 3.0, (n, took, opened)
     finally:
         s3_server.resume()
     try:
         assert st.wait_rebuilt(30)
-        assert wait_for(lambda: st.exists(NS, ks) == 16, timeout=15)
+        assert wait_for(lambda: st.count_leading_hits(NS, ks) == 16, timeout=15)
         assert all(read_back(st, ks, ps))
     finally:
         st.close()
@@ -183,14 +183,14 @@ def test_server_killed_mid_run_is_misses_then_hits_again(s3_server, caplog) -> N
         assert st.put(NS, new_ks, new_ps) == [False] * 10  # dropped, counted
         c = st.counters.snapshot()
         assert c.get("write_errors", 0) + c.get("writes_dropped_cooldown", 0) == 10
-        assert st.exists(NS, ks) == 0  # the tier is cooling down: exists skips it, no network
+        assert st.count_leading_hits(NS, ks) == 0  # the tier is cooling down: exists skips it, no network
 
         s3_server.start()  # back on the same port, empty (moto keeps data in memory)
         boto3.client("s3", endpoint_url=ep).create_bucket(Bucket=bucket)
         time.sleep(0.7)  # the cooldown ends
         assert read_back(st, ks, ps) == [False] * 20  # the old objects are gone: stale misses...
         assert st.counters.get("miss_stale") >= 1
-        assert st.exists(NS, ks) == 0  # ...and dropped from the index
+        assert st.count_leading_hits(NS, ks) == 0  # ...and dropped from the index
         assert wait_for(lambda: all(st.put(NS, new_ks, new_ps)), timeout=5)
         assert all(read_back(st, new_ks, new_ps))  # hits again
         assert st.verify() == []
@@ -251,7 +251,7 @@ def test_two_hosts_share_one_prefix(s3_endpoint: str) -> None:
         ka, pa = keys(10, "a"), pages(10, seed=7)
         kb, pb = keys(10, "b"), pages(10, seed=8)
         assert all(a.put(NS, ka, pa)) and all(b.put(NS, kb, pb))
-        assert wait_for(lambda: b.exists(NS, ka) == 10 and a.exists(NS, kb) == 10, timeout=10)
+        assert wait_for(lambda: b.count_leading_hits(NS, ka) == 10 and a.count_leading_hits(NS, kb) == 10, timeout=10)
         assert all(read_back(b, ka, pa)) and all(read_back(a, kb, pb))
     finally:
         a.close()

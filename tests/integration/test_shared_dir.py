@@ -193,13 +193,13 @@ def test_crashed_writers_torn_segment_is_skipped(tmp_path: Path, host: str) -> N
         d = st.tiers[0].dirs[0]
         if host != "-":
             # another host's writer: no pid to check; its segment is trusted once it stops growing
-            assert st.exists(NS, ["ok-0"]) == 0, "an unsealed foreign segment was served before it went stale"
+            assert st.count_leading_hits(NS, ["ok-0"]) == 0, "an unsealed foreign segment was served before it went stale"
             d.stale_unsealed_s = 0.3
         keys = [f"ok-{i}" for i in range(20)]
         deadline = time.monotonic() + 10
-        while st.exists(NS, keys) < 20 and time.monotonic() < deadline:
+        while st.count_leading_hits(NS, keys) < 20 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert st.exists(NS, keys) == 20
+        assert st.count_leading_hits(NS, keys) == 20
         out_bufs = [np.empty(8192, np.uint16) for _ in keys]
         assert all(st.get_into(NS, keys, out_bufs))
         assert all((o == page(3, i)).all() for i, o in enumerate(out_bufs))
@@ -216,7 +216,7 @@ def test_crashed_writers_torn_segment_is_skipped(tmp_path: Path, host: str) -> N
 # Protocol constants shortened for test time: every process of a test sets the same values, as every
 # host runs the same release (they are never settings).
 PROTOCOL = textwrap.dedent('''
-    import lifeboat_cache.tiers.shared_fs as sfs
+    import lifeboat_cache.tiers.nfs as sfs
     sfs.HEARTBEAT_S, sfs.ABANDON_AFTER_S = 0.2, 1.5
 ''')
 HEARTBEAT_S, ABANDON_AFTER_S = 0.2, 1.5
@@ -278,7 +278,7 @@ class Controlled:
 
 
 def _reader(root: Path, monkeypatch: pytest.MonkeyPatch, capacity: str = "1GiB") -> ChunkStore:
-    import lifeboat_cache.tiers.shared_fs as sfs
+    import lifeboat_cache.tiers.nfs as sfs
     monkeypatch.setattr(sfs, "HEARTBEAT_S", HEARTBEAT_S)
     monkeypatch.setattr(sfs, "ABANDON_AFTER_S", ABANDON_AFTER_S)
     tier = {"type": "nfs", "path": str(root), "capacity": capacity, "segment_size": "1MiB",
@@ -288,7 +288,7 @@ def _reader(root: Path, monkeypatch: pytest.MonkeyPatch, capacity: str = "1GiB")
 
 def _wait_exists(st: ChunkStore, keys: list[str], timeout_s: float) -> int:
     deadline = time.monotonic() + timeout_s
-    while (n := st.exists(NS, keys)) < len(keys) and time.monotonic() < deadline:
+    while (n := st.count_leading_hits(NS, keys)) < len(keys) and time.monotonic() < deadline:
         time.sleep(0.05)
     return n
 
@@ -312,7 +312,7 @@ def test_paused_writers_pages_are_served_after_it_resumes(tmp_path: Path, monkey
         d = st.tiers[0].dirs[0]
         first = [f"p-{i}" for i in range(80)]
         time.sleep(2 * ABANDON_AFTER_S)  # idle but alive (heartbeats): not abandoned, not yet served
-        assert d.counters["foreign_abandoned"] == 0 and st.exists(NS, first) == 0
+        assert d.counters["foreign_abandoned"] == 0 and st.count_leading_hits(NS, first) == 0
         writer.proc.send_signal(signal.SIGSTOP)
         assert _wait_exists(st, first, 10 * ABANDON_AFTER_S) == 80, "a stopped writer's pages were never served"
         assert d.counters["foreign_abandoned"] == len(seg)
@@ -323,7 +323,7 @@ def test_paused_writers_pages_are_served_after_it_resumes(tmp_path: Path, monkey
         writer.send("close")
         assert writer.reply()["closed"]
         every = [f"p-{i}" for i in range(160)]
-        assert _wait_exists(st, every, 10) == 160, f"{160 - st.exists(NS, every)} pages stayed hidden"
+        assert _wait_exists(st, every, 10) == 160, f"{160 - st.count_leading_hits(NS, every)} pages stayed hidden"
         assert d.counters["foreign_revived"] >= 1
         _check_pages(st, every)
         assert st.verify() == []

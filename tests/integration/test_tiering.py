@@ -125,7 +125,7 @@ def test_lower_tier_hit_is_promoted_and_then_read_locally(tmp_path: Path) -> Non
         a.close()
     b = two_tier_store(tmp_path / "host-b", lower)  # another host: empty local tier, shared lower tier
     try:
-        assert b.exists(NS, ks) == 30
+        assert b.count_leading_hits(NS, ks) == 30
         assert all(read_back(b, ks, ps))
         assert b.counters.get("hits_tier1") == 30 and b.counters.get("promotions") == 30
         assert all(read_back(b, ks, ps))
@@ -173,7 +173,7 @@ def test_first_tier_down_sends_writes_to_the_next(tmp_path: Path) -> None:
         assert st.put(NS, ks, ps) == [False] * 12  # while it cools down, pages go to the lower tier
         st.flush()
         assert st.counters.get("writes_redirected") == 12
-        assert st.exists(NS, ks) == 12
+        assert st.count_leading_hits(NS, ks) == 12
         assert all(read_back(st, ks, ps))
         assert st.counters.get("hits_tier1") == 12
     finally:
@@ -276,7 +276,7 @@ def test_local_in_front_of_s3_promotes_remote_hits(tmp_path: Path, s3_endpoint: 
         assert a.stats()["tiers"][1]["pages"] == 40
         assert a.stats()["tiers"][1]["objects"] < 40  # copies batched into fewer objects
     with ChunkStore.open(settings(tmp_path / "host-b"), background=False) as b:
-        assert b.exists(NS, ks) == 40
+        assert b.count_leading_hits(NS, ks) == 40
         assert all(read_back(b, ks, ps))
         assert b.counters.get("hits_tier1") == 40 and b.counters.get("promotions") == 40
         gets = b.stats()["tiers"][1]["get_object_requests"]

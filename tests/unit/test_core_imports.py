@@ -12,7 +12,7 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split('.')[0] in ('sglang', 'torch', 'mlx', 'mlx_lm', 'boto3', 'botocore'):
             raise ImportError('blocked for this test: ' + name)
 sys.meta_path.insert(0, Block())
-import lifeboat_cache.store, lifeboat_cache.tiers.local, lifeboat_cache.tiers.shared_fs, lifeboat_cache.cli
+import lifeboat_cache.store, lifeboat_cache.tiers.local, lifeboat_cache.tiers.nfs, lifeboat_cache.cli
 import lifeboat_cache.runtimes.cuda
 from lifeboat_cache import ChunkStore, load_settings, namespace_fingerprint
 print('ok')

@@ -42,7 +42,7 @@ def test_round_trip_every_dtype(tmp_path, dtype, compression):
     pages = [page(i).view(np.uint8).view(dtype) for i in range(40)]
     with ChunkStore.open(s, background=False) as st:
         assert all(st.put(NS, ks, pages))
-        assert st.exists(NS, ks) == 40
+        assert st.count_leading_hits(NS, ks) == 40
         assert all(read_back(st, ks, pages))
         ratio = st.stats()["compression_ratio"]
         if compression == "none":
@@ -57,10 +57,10 @@ def test_exists_counts_leading_hits_and_namespaces_are_disjoint(tmp_path):
     with ChunkStore.open(settings(tmp_path), background=False) as st:
         ks = keys(10)
         st.put(NS, ks[:4] + ks[5:], [page(i) for i in range(10) if i != 4])
-        assert st.exists(NS, ks) == 4
+        assert st.count_leading_hits(NS, ks) == 4
         assert st.contains(NS, ks) == [True] * 4 + [False] + [True] * 5
         other = namespace_fingerprint(model="test", dtype="bfloat16", page_size=16)
-        assert st.exists(other, ks) == 0
+        assert st.count_leading_hits(other, ks) == 0
         out = [np.empty_like(page(0))]
         assert st.get_into(other, ks[:1], out) == [False]
 
@@ -71,7 +71,7 @@ def test_reopen_after_clean_close_uses_snapshot(tmp_path):
         st.put(NS, ks, pages)
     assert (tmp_path / SNAPSHOT_NAME).exists()
     with ChunkStore.open(settings(tmp_path)) as st:  # returns at once: the snapshot loads in the background
-        assert st.wait_rebuilt(10) and st.exists(NS, ks) == 200
+        assert st.wait_rebuilt(10) and st.count_leading_hits(NS, ks) == 200
         assert st.stats()["tiers"][0]["snapshot_discarded"] == 0
         assert all(read_back(st, ks, pages))
 
@@ -83,7 +83,7 @@ def test_snapshot_mismatch_rescans(tmp_path):
     (tmp_path / SNAPSHOT_NAME).write_bytes(b"garbage")
     with ChunkStore.open(settings(tmp_path)) as st:
         assert st.wait_rebuilt(10)
-        assert st.exists(NS, ks) == 50 and all(read_back(st, ks, pages))
+        assert st.count_leading_hits(NS, ks) == 50 and all(read_back(st, ks, pages))
 
 
 WRITER = textwrap.dedent("""
@@ -205,7 +205,7 @@ def test_concurrent_callers(tmp_path):
                 ps = [page(t * 1000 + i) for i in range(50)]
                 assert all(st.put(NS, ks, ps))
                 assert all(read_back(st, ks, ps))
-                assert st.exists(NS, ks) == 50
+                assert st.count_leading_hits(NS, ks) == 50
             except BaseException as e:  # surfaced below
                 errors.append(e)
 

@@ -19,7 +19,7 @@ from lifeboat_cache.testing.memory import MemoryTier
 from lifeboat_cache.testing.tiers import Rec, TierTests
 from lifeboat_cache.tiers.base import Ref, Tier
 from lifeboat_cache.tiers.local import LocalTier
-from lifeboat_cache.tiers.shared_fs import SharedFsTier
+from lifeboat_cache.tiers.nfs import NfsTier
 from support.chunks import flip_byte
 
 SEGMENT_BYTES = 256 << 10
@@ -65,11 +65,11 @@ class TestLocalTierTwoDrives(SegmentRaw, TierTests):
         return LocalTier(ts).open(background=False)
 
 
-class TestSharedFsTier(SegmentRaw, TierTests):
+class TestNfsTier(SegmentRaw, TierTests):
     def make_tier(self, where: Path, capacity_bytes: int | None = None) -> Tier:
         ts = TierSettings(type="nfs", paths=(where / "shared",), capacity_bytes=capacity_bytes or (1 << 30),
                           segment_bytes=SEGMENT_BYTES, seal_after_s=0.5, refresh_interval_s=0.1)
-        tier = SharedFsTier(ts)
+        tier = NfsTier(ts)
         for d in tier.dirs:
             d.stale_unsealed_s = 0.0  # the dead writer's segment below is adopted at first sight
         return tier.open(background=False)

@@ -1,8 +1,10 @@
 """moto's standalone S3 server on loopback, started and stopped from Python: the one launcher.
 
-Used by the ``s3_endpoint`` / ``s3_server`` fixtures (tests/conftest.py) and by benchmark runs
-which adds a fixed per-request latency (``latency_ms``) to model a remote object store.
-``python tests/support/s3_server.py --serve PORT --latency-ms MS`` is the delayed server itself.
+Used by the ``s3_endpoint`` / ``s3_server`` fixtures (tests/conftest.py) and by the benchmark's S3
+sections (bench/s3.py, bench/s3_rebuild.py), which add a fixed per-request latency (``latency_ms``)
+to model a remote object store. ``python -m lifeboat_cache.testing.s3_server --serve PORT
+--latency-ms MS`` is the delayed server itself. Needs moto (a test / bench dependency), imported in
+the server child only.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-log = logging.getLogger("lifeboat.tests")
+log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 _SERVER_START_TIMEOUT_S = 60.0
@@ -38,7 +40,8 @@ AWS_TEST_ENV = {
 }
 
 
-def _free_loopback_port() -> int:
+def free_loopback_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago (another process may still take it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
@@ -80,7 +83,7 @@ class MotoS3Server:
 
     def __init__(self, port: int | None = None, log_dir: str | os.PathLike | None = None,
                  latency_ms: float = 0.0) -> None:
-        self.port = port or _free_loopback_port()
+        self.port = port or free_loopback_port()
         self.latency_ms = latency_ms
         self.host = LOOPBACK
         self._log_dir = Path(log_dir or tempfile.mkdtemp(prefix="lifeboat-moto-"))
@@ -170,18 +173,18 @@ class MotoS3Server:
         return f"MotoS3Server({self.endpoint}, running={self.running})"
 
 
-def start_with_retry(log_dir: Path, attempts: int = 3) -> MotoS3Server:
+def start_with_retry(log_dir: str | os.PathLike | None = None, attempts: int = 3,
+                     latency_ms: float = 0.0) -> MotoS3Server:
+    """A started server on a fresh port, retrying when the port was taken between probe and bind."""
     last: Exception | None = None
     for _ in range(attempts):
-        server = MotoS3Server(log_dir=log_dir)
+        server = MotoS3Server(log_dir=log_dir, latency_ms=latency_ms)
         try:
             return server.start()
         except RuntimeError as exc:  # e.g. the free port was taken between probe and bind
             last = exc
             log.warning("moto start failed on port %d, retrying: %s", server.port, exc)
     raise RuntimeError(f"could not start moto server after {attempts} attempts") from last
-
-
 
 
 def serve(port: int, latency_ms: float) -> None:
@@ -193,7 +196,8 @@ def serve(port: int, latency_ms: float) -> None:
     delay = latency_ms / 1000.0
 
     def delayed(environ, start_response):  # type: ignore[no-untyped-def]
-        time.sleep(delay)
+        if delay:
+            time.sleep(delay)
         return app(environ, start_response)
 
     make_server(LOOPBACK, port, delayed, threaded=True, request_handler=MotoRequestHandler).serve_forever()

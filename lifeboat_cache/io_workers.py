@@ -1,8 +1,8 @@
-"""The store's io worker pool: batch calls that return by a deadline, and a gate for late tasks.
+"""The store's io worker threads: batch calls that return by a deadline, and a gate for late tasks.
 
 Why not `ThreadPoolExecutor`: a tier that hangs (an S3 server that accepts and never answers, a
 frozen NFS server) parks worker threads in a syscall. A fixed pool would then queue every later
-call behind them. `IoPool` keeps `workers` threads and adds one for each thread stuck in a task for
+call behind them. `IoWorkers` keeps `workers` threads and adds one for each thread stuck in a task for
 longer than `stuck_s` (the deadline), up to `max_workers` (a bound, so a long hang cannot spawn
 threads without end); extra threads exit after `IDLE_EXIT_S` idle. A big batch on healthy tiers
 never grows the pool. Threads that outlive their call's deadline are counted (`io_overdue`).
@@ -71,8 +71,8 @@ class Gate:
             return [i for i, s in enumerate(self._state) if s == _INSIDE]
 
 
-class IoPool:
-    """Elastic, bounded thread pool (see the module docstring)."""
+class IoWorkers:
+    """Elastic, bounded set of io threads (see the module docstring)."""
 
     def __init__(self, workers: int, *, max_workers: int, counters: Counters, stuck_s: float = 2.0,
                  name: str = "lifeboat-io") -> None:
@@ -106,7 +106,7 @@ class IoPool:
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self._shutdown:
-            raise RuntimeError("IoPool is shut down")
+            raise RuntimeError("IoWorkers is shut down")
         fut: Future = Future()
         self._q.put((fut, fn, args))
         with self._lock:

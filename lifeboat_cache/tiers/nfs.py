@@ -51,7 +51,7 @@ ABANDON_AFTER_S = 60.0  # no size/mtime change this long (12 missed heartbeats):
 EVICT_ABANDONED_S = 900.0  # no change this long: capacity gc may unlink it
 
 
-class SharedSegmentDir(SegmentDir):
+class NfsSegmentDir(SegmentDir):
     """A segment directory that writers on other hosts share (see the module docstring)."""
 
     def __init__(self, *args: Any, stale_unsealed_s: float | None = None, **kw: Any) -> None:
@@ -190,8 +190,8 @@ class SharedSegmentDir(SegmentDir):
         return False
 
 
-class SharedFsTier(LocalTier):
+class NfsTier(LocalTier):
     kind = "nfs"
     shared = True
     fsync = True
-    segment_dir_cls = SharedSegmentDir
+    segment_dir_cls = NfsSegmentDir

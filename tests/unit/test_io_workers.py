@@ -1,4 +1,4 @@
-"""IoPool and Gate: calls return by their deadline, the pool grows only for stuck threads and stays
+"""IoWorkers and Gate: calls return by their deadline, the pool grows only for stuck threads and stays
 bounded, and a task that outlives its call never enters the gate."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import threading
 import time
 
-from lifeboat_cache.iopool import Gate, IoPool
+from lifeboat_cache.io_workers import Gate, IoWorkers
 from lifeboat_cache.metrics import Counters
 
 
 def test_big_batch_on_healthy_work_never_grows_the_pool() -> None:
-    pool = IoPool(2, max_workers=8, counters=Counters(), stuck_s=1.0)
+    pool = IoWorkers(2, max_workers=8, counters=Counters(), stuck_s=1.0)
     futs, late = pool.run_until(lambda i: time.sleep(0.01) or i, list(range(20)), time.monotonic() + 5, Gate(20), 0.1)
     assert late == [] and [f.result() for f in futs] == list(range(20))
     assert pool.threads <= 2
@@ -20,7 +20,7 @@ def test_big_batch_on_healthy_work_never_grows_the_pool() -> None:
 
 def test_stuck_threads_are_replaced_up_to_the_bound_and_counted() -> None:
     counters = Counters()
-    pool = IoPool(2, max_workers=4, counters=counters, stuck_s=0.1)
+    pool = IoWorkers(2, max_workers=4, counters=counters, stuck_s=0.1)
     release = threading.Event()
     for _ in range(6):  # more hung tasks than the bound
         pool.submit(release.wait)
