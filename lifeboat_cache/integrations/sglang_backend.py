@@ -45,12 +45,12 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from ..config import ConfigError, load_settings
-from ..runtimes.cuda import parse_zero_copy
 from ..statsfile import StatsReporter
 from ..store import ChunkStore
 from .sglang_checks import MAX_CALL_PAGES, BadCall, check_extra_info, check_indices, check_keys, check_pages, count
 from .sglang_guard import _guarded, _no_pages, _no_transfers
 from .sglang_keys import dialog_affinity, pool_namespace
+from .sglang_launch_rules import parse_zero_copy
 from .sglang_pages import _INT_OF_WIDTH, _np, _page_tensors, _Pool
 
 log = logging.getLogger(__name__)
