@@ -27,13 +27,13 @@ def _rebuild_wait(env):
 
 
 def _blas(env):
-    from lifeboat_cache.testing.mlx_serving import child_env
+    from lifeboat_cache.demo.mlx_serving import child_env
 
     return child_env(dict(env))
 
 
 def _log_level(env):
-    from lifeboat_cache.testing.mlx_serving import parse_log_level
+    from lifeboat_cache.demo.mlx_serving import parse_log_level
 
     return parse_log_level(env)
 
