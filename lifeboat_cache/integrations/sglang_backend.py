@@ -81,7 +81,12 @@ def _check_pages(pool: _Pool, tensors: Any, n: int, what: str, writable: bool = 
 
 
 class LifeboatHiCacheStorage(HiCacheStorage):
-    """SGLang HiCache L3 backend over a LifeboatCache ChunkStore (see the module docstring)."""
+    """SGLang HiCache L3 backend over a LifeboatCache ChunkStore (see the module docstring).
+
+    Construction raises ConfigError (a bad extra-config key or value, a bad lifeboat.yaml or
+    `LIFEBOAT_SGLANG_ZERO_COPY`) or OSError (the store cannot be opened); SGLang then rolls the attach
+    back. After that no method raises: a failure does nothing and is counted (`sglang_guard`).
+    """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
         self._closed = True  # until the store is open

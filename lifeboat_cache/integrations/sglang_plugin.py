@@ -71,6 +71,7 @@ def register() -> None:
 def tune_launch(server_args: Any, previous: Callable[[Any], None]) -> None:
     """Wrapper for SGLang's `handle_hicache_ratio_default`: declare LifeboatCache's choices, then chain.
 
+    Raises what `apply_launch_tuning` raises (ConfigError: the launch stops with its message).
     Our declarations come first so that SGLang's step sees an explicit host-pool size (and therefore
     turns its own host-memory-fraction auto-sizing off, as it does for a typed `--hicache-size`).
     """
@@ -79,7 +80,11 @@ def tune_launch(server_args: Any, previous: Callable[[Any], None]) -> None:
 
 
 def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = None) -> rules.LaunchPlan:
-    """Plan and declare the launch's LifeboatCache settings; returns the plan (inactive = untouched)."""
+    """Plan and declare the launch's LifeboatCache settings; returns the plan (inactive = untouched).
+
+    Raises ConfigError naming the variable or flag and the allowed values for an invalid `LIFEBOAT_*`
+    value or a launch LifeboatCache cannot serve; raised in SGLang's resolution, it stops the launch.
+    """
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 
     env = os.environ if env is None else env
