@@ -3,8 +3,9 @@
 SGLang calls the backend on its own threads, and an exception there can stop the scheduler. So every
 public method of `LifeboatHiCacheStorage` is wrapped by `_guarded(fallback)`: on any exception the
 backend counts and logs it (its `_failed`, with a cooldown) and returns the fallback's answer, which is
-"nothing done" in the shape SGLang expects (no pages, no transfers, False, None). Used by
-`sglang_backend` only.
+"nothing done" in the shape SGLang expects (no pages, no transfers, False, None). A closed backend
+(`_closed`) answers the same without calling the method. The wrapped object provides `_closed` and
+`_failed(what, err)`. Used by `sglang_backend` only (the leading underscores say so).
 """
 
 from __future__ import annotations

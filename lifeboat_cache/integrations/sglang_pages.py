@@ -4,7 +4,8 @@ A page is stored as exactly the bytes of SGLang's flat page (`get_data_page(idx,
 zero-copy (v1) and copying interfaces read each other's pages. Zero-copy pages are lists of 1-D views
 of the pool's own buffer: one or two blocks for `page_first*`, 2*L (MHA) or L (MLA) blocks for
 `layer_first`. A pool whose pages are not views of its own buffers goes through SGLang's copying
-accessors (`get_data_page` / `set_from_flat_data_page`). Used by `sglang_backend` only.
+accessors (`get_data_page` / `set_from_flat_data_page`). Used by `sglang_backend` and `sglang_keys`
+only (the leading underscores say so; the code moved here verbatim from `sglang_backend`).
 """
 
 from __future__ import annotations
