@@ -145,9 +145,9 @@ def blas_env() -> dict[str, str]:
 
     MLX's Linux CPU wheel links a reference BLAS (~30x slower fp32 GEMM); preloading Debian's
     OpenBLAS interposes cblas_sgemm. Without the library the env is returned unchanged. The rule
-    lives in one place, ``lifeboat_cache.testing.mlx_serving.child_env`` (the demo uses it too).
+    lives in one place, ``lifeboat_cache.demo.mlx_serving.child_env`` (the demo uses it too).
     """
-    from lifeboat_cache.testing.mlx_serving import child_env
+    from lifeboat_cache.demo.mlx_serving import child_env
 
     env = child_env(dict(os.environ))
     if "LIFEBOAT_BLAS_PRELOAD" not in env:

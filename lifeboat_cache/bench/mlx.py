@@ -2,7 +2,7 @@
 in-memory prefix hit (SmolLM2-135M, mlx-cpu, fp32 with OpenBLAS preloaded on Linux).
 
 Per prompt length, three fresh processes drive SGLang's MLX runner and radix cache in scheduler order
-(`lifeboat_cache.testing.mlx_serving`), each after a warm-up request as SGLang's launcher does:
+(`lifeboat_cache.demo.mlx_serving`), each after a warm-up request as SGLang's launcher does:
   cold      `--radix-cache-backend lifeboat`, empty store: prefill the whole prompt (recompute), decode,
             write the chunks (background writer);
   restored  a new process on the same store, page cache of the store dropped first: the prefix comes
@@ -44,7 +44,7 @@ def build_prompt(model_dir: Path, prefix_tokens: int) -> list[int]:
 
 def one_process(model: Path, prefix_tokens: int, new_tokens: int, work: Path) -> dict[str, Any]:
     """All three measurements in one LifeboatCache process (quick: one model load instead of three)."""
-    from ..testing.mlx_serving import child_env, run_plan_process
+    from ..demo.mlx_serving import child_env, run_plan_process
 
     prompt = build_prompt(model, prefix_tokens)
     pool = max(4096, 2 * len(prompt) + 4 * new_tokens + 256)
@@ -67,7 +67,7 @@ def one_process(model: Path, prefix_tokens: int, new_tokens: int, work: Path) ->
 
 
 def one(model: Path, prefix_tokens: int, new_tokens: int, work: Path) -> dict[str, Any]:
-    from ..testing.mlx_serving import child_env, run_plan_process
+    from ..demo.mlx_serving import child_env, run_plan_process
 
     prompt = build_prompt(model, prefix_tokens)
     pool = max(4096, 2 * len(prompt) + 4 * new_tokens + 256)
@@ -106,7 +106,7 @@ def run(work: Path, sizes: Sizes) -> dict[str, Any]:
     import os
 
     from ..demo.smollm2 import ensure_model
-    from ..testing.mlx_serving import child_env
+    from ..demo.mlx_serving import child_env
 
     model = ensure_model(dtype="float32")
     blas = "LD_PRELOAD" in child_env() and "openblas" in child_env().get("LD_PRELOAD", "")

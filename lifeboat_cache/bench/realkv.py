@@ -48,7 +48,7 @@ def produce(out: Path, tokens: int) -> None:
 
 def load_or_make(cache_dir: Path, tokens: int, timeout: float = 900.0) -> np.ndarray:
     """Flat uint8 bytes of real bf16 KV (cached per token count); raises RuntimeError when MLX fails."""
-    from ..testing.mlx_serving import child_env
+    from ..demo.mlx_serving import child_env
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"smollm2-kv-v1-{tokens}.npy"

@@ -14,7 +14,7 @@ identical, and at the end the disk it used and how to remove it. Each demo run u
 holds an earlier run; ``--salt`` reuses one, and then visit 1 is warm too (and labelled so).
 
 SGLang's MLX server refuses to start without an Apple Metal device, so each visit drives SGLang's
-MLX classes directly, in the scheduler's order (``lifeboat_cache.testing.mlx_serving``).
+MLX classes directly, in the scheduler's order (``lifeboat_cache.demo.mlx_serving``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def decode(model_dir: str | Path, ids: list[int]) -> str:
 
 def visit(model_dir: str, salt: str, max_new_tokens: int) -> dict[str, Any]:
     """One visit, in this process: serve the prompt once, flush the store, report."""
-    from ..testing.mlx_serving import MlxServing
+    from .mlx_serving import MlxServing
 
     t0 = time.perf_counter()
     serving = MlxServing(model_dir, lifeboat=True, warmup=True)
@@ -72,7 +72,7 @@ def visit(model_dir: str, salt: str, max_new_tokens: int) -> dict[str, Any]:
 
 
 def _child_env() -> dict[str, str]:
-    from ..testing.mlx_serving import child_env
+    from .mlx_serving import child_env
 
     env = child_env(LIFEBOAT_CACHE="1", PYTHONWARNINGS="ignore")
     env.setdefault("LIFEBOAT_LOG_LEVEL", "ERROR")
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="model dtype (float32 is the fast one on Linux CPU with OpenBLAS)")
     args = parser.parse_args(argv)
     from ..config import ConfigError
-    from ..testing.mlx_serving import parse_log_level
+    from .mlx_serving import parse_log_level
 
     try:
         level = parse_log_level(os.environ)

@@ -7,31 +7,30 @@ Stock SGLang loads it through its `dynamic` storage backend:
         "module_path": "lifeboat_cache.integrations.sglang_backend",
         "class_name": "LifeboatHiCacheStorage", "interface_v1": 1}'
 
-The shim is thin: it turns host-pool pages into numpy views and SGLang page keys into namespaced
-keys, and calls the `ChunkStore`, whose io workers encode, write, read, verify and decode a 128-page
-call in parallel. A page is stored as exactly the bytes of SGLang's flat page
+The shim is thin: it turns host-pool pages into numpy views (`sglang_pages`) and SGLang page keys
+into keys of one namespace per pool and rank (`sglang_keys`), checks each call's arguments
+(`sglang_checks`), and calls the `ChunkStore`, whose io workers encode, write, read, verify and decode
+a 128-page call in parallel. A page is stored as exactly the bytes of SGLang's flat page
 (`get_data_page(idx, flat=True)`), so the zero-copy (v1) and copying (`batch_set` / `batch_get`)
 interfaces read each other's pages. Zero-copy pages are lists of views of the pool: one or two
 blocks for `page_first*`, 2*L (MHA) or L (MLA) blocks for `layer_first`; the store writes them with
 one `pwritev` when raw, and gathers them into one buffer on its io worker when it compresses.
 Pools whose pages are not views of their own buffers go through SGLang's copying accessors.
 
-Nothing here raises into SGLang after construction: an unexpected error is a miss (or a dropped
-write), logged at most once per `failure_cooldown_max_s`; storage errors are handled (and cooled
+Nothing here raises into SGLang after construction (the guard, `sglang_guard`): an unexpected error
+is a miss (or a dropped write), logged at most once per `failure_cooldown_max_s`; storage errors are handled (and cooled
 down) by the store. Invalid settings do raise at construction: SGLang then rolls the attach back.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import logging
 import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -46,11 +45,13 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from ..config import ConfigError, load_settings
-from ..keys import namespace_fingerprint
-from ..runtimes.cuda import parse_zero_copy
 from ..statsfile import StatsReporter
 from ..store import ChunkStore
 from .sglang_checks import MAX_CALL_PAGES, BadCall, check_extra_info, check_indices, check_keys, check_pages, count
+from .sglang_guard import _guarded, _no_pages, _no_transfers
+from .sglang_keys import dialog_affinity, pool_namespace
+from .sglang_launch_rules import parse_zero_copy
+from .sglang_pages import _INT_OF_WIDTH, _np, _page_tensors, _Pool
 
 log = logging.getLogger(__name__)
 
@@ -61,193 +62,11 @@ SGLANG_KEYS = frozenset({
     "tp_lcm_size", "file_storage_path",
 })
 EXTRA_CONFIG = "--hicache-storage-backend-extra-config"  # names the source in ConfigError messages
-_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _METRIC_SAMPLES = 4096  # per-call samples kept for get_stats() between two scrapes
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    """A numpy view (no copy) of a CPU tensor, as integers of the element's width.
-
-    numpy has no bfloat16; the integer width keeps the codec's byte planes right (2-byte planes
-    for bf16/fp16) and is the same for both interfaces, so both write identical records.
-    """
-    return t.view(_INT_OF_WIDTH[t.element_size()]).numpy()
-
-
-def _blocks(a: np.ndarray) -> list[np.ndarray]:
-    """The C-contiguous blocks of a strided view, in flat (row-major) order, as views."""
-    if a.flags.c_contiguous:
-        return [a]
-    if a.ndim <= 1:
-        raise ValueError("a page view with a strided last axis cannot be split into blocks")
-    return [b for sub in a for b in _blocks(sub)]
-
-
-def _page_tensors(pool: Any, start: int) -> list[torch.Tensor]:
-    """The tensors making one page, in the order of SGLang's flat page."""
-    if hasattr(pool, "_iter_page_tensors") and pool.layout in ("page_first", "page_first_direct"):
-        return list(pool._iter_page_tensors(start))  # MambaPoolHost: its get_data_page concatenates
-    return [pool.get_data_page(start, flat=False)]
-
-
-def _flat_page_bytes(pool: Any) -> int:
-    page = pool.get_dummy_flat_data_page()
-    return page.numel() * page.element_size()
-
-
-def _pages_are_views(pool: Any) -> bool:
-    """True when a page's tensors are views of the pool's own buffers (safe to decode into)."""
-    try:
-        owned = pool.get_hybrid_pool_buffer() if hasattr(pool, "get_hybrid_pool_buffer") else pool.kv_buffer
-        owned = owned if isinstance(owned, (list, tuple)) else [owned]
-        storages = {t.untyped_storage().data_ptr() for t in owned}
-        tensors = _page_tensors(pool, 0)
-        blocks = [b for t in tensors for b in _blocks(_np(t))]
-        return (all(t.untyped_storage().data_ptr() in storages for t in tensors)
-                and sum(b.nbytes for b in blocks) == _flat_page_bytes(pool))
-    except Exception as e:  # an unknown pool or layout: SGLang's copying accessors still work
-        log.info("lifeboat: %s pages are not plain views (%s); using SGLang's page copies",
-                 type(pool).__name__, e)
-        return False
-
-
-class _BlockPlan:
-    """Where a page's blocks sit in the pool's one buffer, computed once per pool.
-
-    In every SGLang layout a page's blocks move by the same stride per token slot (layer_first:
-    one token row of each layer; page_first*: one slot of the page axis), so the page at slot s is
-    `flat[off + s * per_slot : ... + length]` for the offsets of the page at slot 0. Slicing those
-    costs ~0.2 us a block, where walking the strided tensor view costs ~1 us a block in Python:
-    a layer_first page is 2 x layers blocks (48 for a 24-layer model), so this is most of the
-    per-page overhead of that layout. The plan is checked against the generic walk on two pages;
-    a pool it does not fit (several buffers, uneven strides) keeps the generic walk.
-    """
-
-    def __init__(self, flat: np.ndarray, offsets: np.ndarray, lengths: list[int], per_slot: int) -> None:
-        self.flat, self.offsets, self.lengths, self.per_slot = flat, offsets, lengths, per_slot
-
-    @classmethod
-    def of(cls, host: Any, page_size: int, generic: Callable[[int], list[np.ndarray]]) -> Optional["_BlockPlan"]:
-        try:
-            buf = host.kv_buffer
-            if not isinstance(buf, torch.Tensor) or not buf.is_contiguous() or buf.device.type != "cpu":
-                return None
-            flat = _np(buf).reshape(-1)
-            item, base = flat.itemsize, flat.ctypes.data
-            b0 = generic(0)
-            offsets = np.array([(b.ctypes.data - base) // item for b in b0], dtype=np.int64)
-            lengths = [b.size for b in b0]
-            if int(getattr(host, "logical_page_size", None) or page_size) != int(host.page_size):
-                return None  # DCP: slots are translated per rank; keep SGLang's own accessor
-            pages = int(getattr(host, "page_num", 0) or 0)
-            second = generic(page_size)
-            per_slot = ((second[0].ctypes.data - base) // item - int(offsets[0])) // page_size
-            plan = cls(flat, offsets, lengths, per_slot)
-            for start in {page_size, max(0, (pages - 1) * page_size)}:
-                want = generic(start)
-                got = plan.blocks(start)
-                where = [(b.ctypes.data, b.nbytes, b.dtype) for b in got]
-                if where != [(b.ctypes.data, b.nbytes, b.dtype) for b in want]:
-                    return None
-            return plan
-        except Exception as e:  # an unknown pool: the generic walk still works
-            log.debug("lifeboat: no block plan for %s: %s", type(host).__name__, e)
-            return None
-
-    def blocks(self, start: int) -> list[np.ndarray]:
-        flat = self.flat
-        return [flat[o: o + n] for o, n in zip((self.offsets + start * self.per_slot).tolist(), self.lengths)]
-
-
-class _Pool:
-    """One registered host pool: its namespace and how its pages become buffers."""
-
-    def __init__(self, name: str, host: Any, ns: bytes, replicated: bool, zero_copy: bool) -> None:
-        self.name, self.host, self.ns, self.replicated = name, host, ns, replicated
-        # slots per page in host_indices (SGLang's logical page; the physical one differs only under DCP)
-        self.page_size = int(getattr(host, "logical_page_size", None) or getattr(host, "page_size", 1) or 1)
-        self.page_bytes = _flat_page_bytes(host)
-        self.zero_copy = zero_copy and _pages_are_views(host)
-        self._plan = _BlockPlan.of(host, self.page_size, self._walk) if self.zero_copy else None
-
-    def starts(self, host_indices: Optional[torch.Tensor], n: int) -> Optional[list[int]]:
-        """First host slot of each page (host_indices are token slots), or None on a mismatch."""
-        if host_indices is None or host_indices.numel() != n * self.page_size:
-            return None
-        return host_indices[:: self.page_size].tolist()
-
-    def _walk(self, start: int) -> list[np.ndarray]:
-        return [b for t in _page_tensors(self.host, start) for b in _blocks(_np(t))]
-
-    def views(self, start: int) -> list[np.ndarray]:
-        """The page's blocks as 1-D views of the pool, in flat page order."""
-        if self._plan is not None:
-            return self._plan.blocks(start)
-        return [b.reshape(-1) for b in self._walk(start)]
-
-    def write(self, store: ChunkStore, keys: Sequence[str], starts: list[int],
-              affinity: Optional[int]) -> list[bool]:
-        if self.zero_copy:
-            bufs: list[object] = [self.views(s) for s in starts]
-        else:
-            bufs = [_np(self.host.get_data_page(s, flat=True)) for s in starts]
-        return store.put(self.ns, keys, bufs, affinity=affinity)
-
-    def read(self, store: ChunkStore, keys: Sequence[str], starts: list[int]) -> list[bool]:
-        if self.zero_copy:
-            return store.get_into(self.ns, keys, [self.views(s) for s in starts])
-        flats = [self.host.get_dummy_flat_data_page() for _ in starts]
-        ok = store.get_into(self.ns, keys, [_np(f) for f in flats])
-        for start, flat, good in zip(starts, flats, ok):
-            if good:
-                self.host.set_from_flat_data_page(start, flat)
-        return ok
-
-
-def _guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Never raise into SGLang: bad arguments or an unexpected error return `fallback(*args)`
-    ("nothing done"). A fallback is written not to raise; if the arguments are so broken that it
-    does, `fallback()` (no arguments: the empty answer) is returned instead."""
-
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def nothing_done(args: tuple, kwargs: dict) -> Any:
-            for a, k in ((args, kwargs), (args[:1], {})):  # e.g. keyword arguments SGLang's signature lacks
-                try:
-                    return fallback(*a, **k)
-                except Exception:
-                    continue
-            return fallback()
-
-        @functools.wraps(fn)
-        def wrapper(self: "LifeboatHiCacheStorage", *args: Any, **kwargs: Any) -> Any:
-            try:
-                if self._closed:
-                    return nothing_done(args, kwargs)
-                return fn(self, *args, **kwargs)
-            except Exception as e:
-                self._failed(fn.__name__, e)
-                return nothing_done(args, kwargs)
-        return wrapper
-    return deco
 
 
 def _leading(hits: Sequence[bool]) -> int:
     return hits.index(False) if False in hits else len(hits)
-
-
-def _no_pages(keys: Any = None, *_: Any, **__: Any) -> list[bool]:
-    return [False] * count(keys)
-
-
-def _no_transfers(transfers: Any = None, *_: Any, **__: Any) -> dict[str, list[bool]]:
-    out: dict[str, list[bool]] = {}
-    for t in transfers if isinstance(transfers, (list, tuple)) else ():
-        if isinstance(t, PoolTransfer):
-            try:
-                out[t.name] = [False] * count(t.keys)
-            except TypeError:  # an unhashable name
-                continue
-    return out
 
 
 def _check_indices(pool: _Pool, host_indices: Any, n: int) -> None:
@@ -262,7 +81,12 @@ def _check_pages(pool: _Pool, tensors: Any, n: int, what: str, writable: bool = 
 
 
 class LifeboatHiCacheStorage(HiCacheStorage):
-    """SGLang HiCache L3 backend over a LifeboatCache ChunkStore (see the module docstring)."""
+    """SGLang HiCache L3 backend over a LifeboatCache ChunkStore (see the module docstring).
+
+    Construction raises ConfigError (a bad extra-config key or value, a bad lifeboat.yaml or
+    `LIFEBOAT_SGLANG_ZERO_COPY`) or OSError (the store cannot be opened); SGLang then rolls the attach
+    back. After that no method raises: a failure does nothing and is counted (`sglang_guard`).
+    """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
         self._closed = True  # until the store is open
@@ -332,23 +156,10 @@ class LifeboatHiCacheStorage(HiCacheStorage):
     finalize_mem_pool_registration = on_host_pools_registered  # the name on SGLang's main branch
 
     def _add_pool(self, name: str, host: Any) -> None:
-        cfg = self.config
-        replicated = cfg.is_mla_model and name != str(PoolName.MAMBA)  # Mamba state is TP-sharded
-        parts: dict[str, Any] = dict(
-            model=self.model_id, key_namespace=self.key_namespace, pool=name, pool_class=type(host).__name__,
-            dtype=str(host.dtype), layout=host.layout, page_size=int(getattr(host, "page_size", 1) or 1),
-            page_bytes=_flat_page_bytes(host))
-        if not replicated:
-            parts.update(tp_rank=cfg.tp_rank, tp_size=cfg.tp_size)
-        if cfg.pp_size > 1:
-            parts.update(pp_rank=cfg.pp_rank, pp_size=cfg.pp_size)
-        if cfg.attn_cp_size > 1:
-            parts.update(cp_rank=cfg.attn_cp_rank, cp_size=cfg.attn_cp_size)
-        if getattr(cfg, "dcp_size", 1) > 1:
-            parts.update(dcp_rank=cfg.dcp_rank, dcp_size=cfg.dcp_size, logical_page_size=cfg.logical_page_size)
-        self.pools[name] = _Pool(name, host, namespace_fingerprint(**parts), replicated, self.zero_copy)
+        ns, replicated = pool_namespace(self.config, self.model_id, self.key_namespace, name, host)
+        self.pools[name] = _Pool(name, host, ns, replicated, self.zero_copy)
         self.store.counters.name_namespace(self.pools[name].ns, model=self.model_id, pool=name,
-                                           rank=None if replicated else cfg.tp_rank)
+                                           rank=None if replicated else self.config.tp_rank)
 
     def _pool(self, name: Any) -> _Pool:
         pool = self.pools.get(str(name))
@@ -519,13 +330,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         return starts
 
     def _affinity(self, keys: Sequence[str], extra_info: Optional[HiCacheStorageExtraInfo]) -> Optional[int]:
-        """Dialog mark: the first `affinity_chunks` keys of prefix_keys + keys (when SGLang passes them)."""
-        prefix = getattr(extra_info, "prefix_keys", None)
-        if prefix is None:
-            return None
-        n = self.affinity_chunks
-        mark = list(prefix[:n]) + list(keys[: max(0, n - len(prefix))])
-        return int.from_bytes(hashlib.blake2b("/".join(mark).encode(), digest_size=8).digest(), "little")
+        return dialog_affinity(keys, getattr(extra_info, "prefix_keys", None), self.affinity_chunks)
 
     # ------------------------------------------------------------------ observability, lifecycle
     def _trace(self, what: str, t0: float, n: int, hits: int) -> None:

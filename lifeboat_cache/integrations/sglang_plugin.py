@@ -7,7 +7,7 @@ nothing and validates nothing; it installs:
 * a resolution hook on the `handle_hicache_ratio_default` step. That step runs for every launch,
   including `--model-path dummy`, before the dummy short-circuit and before anything reads the page
   size, the attention backend or the HiCache settings. The hook reads the launch through
-  `resolving_view`, asks `runtimes.cuda.plan_launch_tuning` what to change, declares it with
+  `resolving_view`, asks `sglang_launch_rules.plan_launch_tuning` what to change, declares it with
   `declare_resolution` (the raw flags stay as typed, later SGLang steps see our values exactly as
   if they had been typed), logs each decision once, then runs SGLang's own step. An invalid
   `LIFEBOAT_*` value raises there, which stops resolution and so the launch.
@@ -27,7 +27,7 @@ import os
 import sys
 from typing import Any, Callable, Mapping, Optional
 
-from ..runtimes import cuda
+from . import sglang_launch_rules as rules
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ def register() -> None:
 def tune_launch(server_args: Any, previous: Callable[[Any], None]) -> None:
     """Wrapper for SGLang's `handle_hicache_ratio_default`: declare LifeboatCache's choices, then chain.
 
+    Raises what `apply_launch_tuning` raises (ConfigError: the launch stops with its message).
     Our declarations come first so that SGLang's step sees an explicit host-pool size (and therefore
     turns its own host-memory-fraction auto-sizing off, as it does for a typed `--hicache-size`).
     """
@@ -78,8 +79,12 @@ def tune_launch(server_args: Any, previous: Callable[[Any], None]) -> None:
     previous(server_args)
 
 
-def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = None) -> cuda.LaunchPlan:
-    """Plan and declare the launch's LifeboatCache settings; returns the plan (inactive = untouched)."""
+def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = None) -> rules.LaunchPlan:
+    """Plan and declare the launch's LifeboatCache settings; returns the plan (inactive = untouched).
+
+    Raises ConfigError naming the variable or flag and the allowed values for an invalid `LIFEBOAT_*`
+    value or a launch LifeboatCache cannot serve; raised in SGLang's resolution, it stops the launch.
+    """
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 
     env = os.environ if env is None else env
@@ -88,11 +93,11 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
         return _apply_mlx(server_args, cfg, env)
 
     extra_config = parse_extra_config(cfg.hicache_storage_backend_extra_config)
-    maybe_ours = cfg.hicache_storage_backend == "dynamic" and cuda.is_lifeboat_extra_config(extra_config)
-    if not maybe_ours and not cuda.parse_enable(env):
-        return cuda.LaunchPlan(active=False)  # not ours: gather nothing, declare nothing, log nothing
+    maybe_ours = cfg.hicache_storage_backend == "dynamic" and rules.is_lifeboat_extra_config(extra_config)
+    if not maybe_ours and not rules.parse_enable(env):
+        return rules.LaunchPlan(active=False)  # not ours: gather nothing, declare nothing, log nothing
 
-    facts = cuda.LaunchFacts(
+    facts = rules.LaunchFacts(
         page_size=cfg.page_size,
         hicache_size=int(cfg.hicache_size or 0),
         hicache_ratio=cfg.hicache_ratio,
@@ -104,11 +109,11 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
         cuda_launch=_is_cuda_launch(cfg.device),
         device=cfg.device,
         available_ram_bytes=available_ram_bytes(),
-        ranks_per_host=cuda.ranks_on_host(cfg.tp_size, cfg.pp_size, cfg.dp_size, cfg.nnodes),
+        ranks_per_host=rules.ranks_on_host(cfg.tp_size, cfg.pp_size, cfg.dp_size, cfg.nnodes),
         mem_layout=str(cfg.hicache_mem_layout),
         io_backend=str(cfg.hicache_io_backend),
     )
-    plan = cuda.plan_launch_tuning(facts, env, gpu_memory_bytes=lambda: gpu_memory_bytes(cfg.base_gpu_id))
+    plan = rules.plan_launch_tuning(facts, env, gpu_memory_bytes=lambda: gpu_memory_bytes(cfg.base_gpu_id))
     for warning in plan.warnings:
         logger.warning("LifeboatCache: %s", warning)
     if not plan.active:
@@ -121,34 +126,34 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
     return plan
 
 
-def _apply_mlx(server_args: Any, cfg: Any, env: Mapping[str, str]) -> cuda.LaunchPlan:
+def _apply_mlx(server_args: Any, cfg: Any, env: Mapping[str, str]) -> rules.LaunchPlan:
     """MLX launch: no HiCache; with LIFEBOAT_CACHE=1 pick the `lifeboat` radix-cache backend."""
     from sglang.srt.arg_groups.overrides import declare_resolution
 
-    if not cuda.parse_enable(env):
-        return cuda.LaunchPlan(active=False)
+    if not rules.parse_enable(env):
+        return rules.LaunchPlan(active=False)
     named = cfg.radix_cache_backend
     if named is None:
-        decision = cuda.Decision(
+        decision = rules.Decision(
             "radix-cache backend",
             RADIX_BACKEND_NAME,
-            f"{cuda.ENV_ENABLE}=1 on an MLX launch; launch named none",
+            f"{rules.ENV_ENABLE}=1 on an MLX launch; launch named none",
             {"radix_cache_backend": RADIX_BACKEND_NAME},
         )
         declare_resolution(server_args, DECLARATION_SOURCE, **decision.fields)
     elif named == RADIX_BACKEND_NAME:
-        decision = cuda.Decision("radix-cache backend", named, "the launch named it")
+        decision = rules.Decision("radix-cache backend", named, "the launch named it")
     else:
         logger.warning(
             "LifeboatCache: %s=1 but the launch named --radix-cache-backend %s; LifeboatCache leaves it",
-            cuda.ENV_ENABLE,
+            rules.ENV_ENABLE,
             named,
         )
-        return cuda.LaunchPlan(active=False)
+        return rules.LaunchPlan(active=False)
     logger.info("LifeboatCache: %s", decision.message())
     if cfg.enable_hierarchical_cache or cfg.hicache_storage_backend is not None:
         logger.info("LifeboatCache: HiCache tuning does not apply on MLX (SGLang's MLX runtime has no HiCache)")
-    return cuda.LaunchPlan(active=True, decisions=(decision,))
+    return rules.LaunchPlan(active=True, decisions=(decision,))
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,8 +259,8 @@ def staging_bound_pages(page_size: Optional[int]) -> Optional[int]:
     """Staging pages for this process's launch, or None when the launch does not use LifeboatCache."""
     if not page_size or page_size <= 0 or not published_launch_uses_lifeboat():
         return None
-    tokens = cuda.parse_staging_tokens(os.environ) or cuda.DEFAULT_STAGING_TOKENS
-    return cuda.staging_pages(tokens, int(page_size))
+    tokens = rules.parse_staging_tokens(os.environ) or rules.DEFAULT_STAGING_TOKENS
+    return rules.staging_pages(tokens, int(page_size))
 
 
 def published_launch_uses_lifeboat() -> bool:
@@ -269,7 +274,7 @@ def published_launch_uses_lifeboat() -> bool:
         enabled = memory.enable_hierarchical_cache
     except Exception:  # noqa: BLE001 - nothing published: not a LifeboatCache launch
         return False
-    return bool(enabled) and backend == "dynamic" and cuda.is_lifeboat_extra_config(parse_extra_config(extra))
+    return bool(enabled) and backend == "dynamic" and rules.is_lifeboat_extra_config(parse_extra_config(extra))
 
 
 def _bound_mha_staging(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -282,7 +287,7 @@ def _bound_mha_staging(original: Callable[..., Any], *args: Any, **kwargs: Any) 
     """
     bound = staging_bound_pages(kwargs.get("page_size"))
     if bound is not None:
-        requested = kwargs.get("page_capacity", cuda.SGLANG_STAGING_PAGE_CHUNK)
+        requested = kwargs.get("page_capacity", rules.SGLANG_STAGING_PAGE_CHUNK)
         kwargs["page_capacity"] = max(1, min(int(requested), bound))
     return original(*args, **kwargs)
 

@@ -1,4 +1,4 @@
-"""Runtime shims: `cuda` (pure launch-tuning rules for SGLang on CUDA) and `mlx` (MLX chunk copier).
+"""Runtime shims: `mlx` (MLX chunk copier, background writer) and `mlx_hybrid` (recurrent-state snapshots).
 
 Nothing is imported here, so importing one runtime never pulls in the other's dependencies.
 """

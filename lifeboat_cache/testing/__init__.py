@@ -1,1 +1,2 @@
-"""Test helpers shipped with the package: the tier conformance suite and fault injection."""
+"""Test kit shipped with the package for tier implementers: the conformance suite (`tiers`), the
+reference memory tier (`memory`) and fault injection (`faults`)."""

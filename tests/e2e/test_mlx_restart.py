@@ -28,7 +28,7 @@ try:
     locate_gguf()
 except FileNotFoundError as e:  # pragma: no cover - the CI conftest turns skips into failures
     pytest.skip(str(e), allow_module_level=True)
-from lifeboat_cache.testing.mlx_serving import child_env, run_plan_process  # noqa: E402
+from lifeboat_cache.demo.mlx_serving import child_env, run_plan_process  # noqa: E402
 
 pytestmark = pytest.mark.slow
 C = 64

@@ -41,7 +41,7 @@ import yaml
 
 from lifeboat_cache import statsfile
 from lifeboat_cache.config import ConfigError, parse_tier, settings_from_dict
-from lifeboat_cache.runtimes import cuda
+from lifeboat_cache.integrations import sglang_launch_rules as rules
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -56,12 +56,12 @@ def _mlx_rebuild_wait(env):
 
 
 ENV_PARSERS = {
-    cuda.ENV_ENABLE: cuda.parse_enable,
-    cuda.ENV_PAGE_SIZE: cuda.parse_page_size,
-    cuda.ENV_STAGING_TOKENS: cuda.parse_staging_tokens,
-    cuda.ENV_HOST_GB: cuda.parse_host_gb,
-    cuda.ENV_WRITE_POLICY: cuda.parse_write_policy,
-    cuda.ENV_ZERO_COPY: cuda.parse_zero_copy,
+    rules.ENV_ENABLE: rules.parse_enable,
+    rules.ENV_PAGE_SIZE: rules.parse_page_size,
+    rules.ENV_STAGING_TOKENS: rules.parse_staging_tokens,
+    rules.ENV_HOST_GB: rules.parse_host_gb,
+    rules.ENV_WRITE_POLICY: rules.parse_write_policy,
+    rules.ENV_ZERO_COPY: rules.parse_zero_copy,
     "LIFEBOAT_MLX_REBUILD_WAIT_S": _mlx_rebuild_wait,
     statsfile.ENV_INTERVAL: statsfile.parse_interval,
     "SGLANG_USE_MLX": lambda env: env["SGLANG_USE_MLX"] in ("0", "1") or pytest.fail("SGLANG_USE_MLX=0|1"),

@@ -13,7 +13,7 @@ import pytest
 
 from lifeboat_cache import statsfile
 from lifeboat_cache.config import ConfigError, find_config_file, load_settings
-from lifeboat_cache.runtimes import cuda
+from lifeboat_cache.integrations import sglang_launch_rules as rules
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_VARIABLES = {"LIFEBOAT_DEMO", "LIFEBOAT_RESULTS", "LIFEBOAT_SGLANG_"}  # output prefixes / a prefix
@@ -27,25 +27,25 @@ def _rebuild_wait(env):
 
 
 def _blas(env):
-    from lifeboat_cache.testing.mlx_serving import child_env
+    from lifeboat_cache.demo.mlx_serving import child_env
 
     return child_env(dict(env))
 
 
 def _log_level(env):
-    from lifeboat_cache.testing.mlx_serving import parse_log_level
+    from lifeboat_cache.demo.mlx_serving import parse_log_level
 
     return parse_log_level(env)
 
 
 BAD = {
-    "LIFEBOAT_CACHE": (cuda.parse_enable, "yes"),
+    "LIFEBOAT_CACHE": (rules.parse_enable, "yes"),
     "LIFEBOAT_CONFIG": (find_config_file, "/nonexistent/lifeboat.yaml"),
-    "LIFEBOAT_SGLANG_PAGE_SIZE": (cuda.parse_page_size, "abc"),
-    "LIFEBOAT_SGLANG_STAGING_TOKENS": (cuda.parse_staging_tokens, "-1"),
-    "LIFEBOAT_SGLANG_HOST_GB": (cuda.parse_host_gb, "lots"),
-    "LIFEBOAT_SGLANG_WRITE_POLICY": (cuda.parse_write_policy, "sometimes"),
-    "LIFEBOAT_SGLANG_ZERO_COPY": (cuda.parse_zero_copy, "2"),
+    "LIFEBOAT_SGLANG_PAGE_SIZE": (rules.parse_page_size, "abc"),
+    "LIFEBOAT_SGLANG_STAGING_TOKENS": (rules.parse_staging_tokens, "-1"),
+    "LIFEBOAT_SGLANG_HOST_GB": (rules.parse_host_gb, "lots"),
+    "LIFEBOAT_SGLANG_WRITE_POLICY": (rules.parse_write_policy, "sometimes"),
+    "LIFEBOAT_SGLANG_ZERO_COPY": (rules.parse_zero_copy, "2"),
     "LIFEBOAT_MLX_REBUILD_WAIT_S": (_rebuild_wait, "abc"),
     "LIFEBOAT_STATS_INTERVAL_S": (statsfile.parse_interval, "abc"),
     "LIFEBOAT_BLAS_PRELOAD": (_blas, "/nonexistent/libblas.so.3"),

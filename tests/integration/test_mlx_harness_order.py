@@ -1,4 +1,4 @@
-"""The MLX serving harness (``lifeboat_cache.testing.mlx_serving``) against SGLang's own scheduler.
+"""The MLX serving harness (``lifeboat_cache.demo.mlx_serving``) against SGLang's own scheduler.
 
 ``MlxServing`` hand-writes the scheduler loop because SGLang's MLX server cannot launch on Linux. So
 that it cannot drift from SGLang 0.5.23, the first tests read the call sequences out of SGLang's real
@@ -25,7 +25,8 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang 0.5.23 is not installed")
 
-from lifeboat_cache.testing import mlx_serving  # noqa: E402
+from lifeboat_cache.demo import mlx_serving  # noqa: E402
+from support.mlx_models import tiny_llama  # noqa: E402
 
 
 def calls(fn: Callable) -> list[tuple[str, str]]:
@@ -128,11 +129,9 @@ def test_reset_tree_matches_scheduler_flush_cache() -> None:
 
 CHILD = textwrap.dedent("""
     import json, sys
-    from lifeboat_cache.testing.mlx_models import tiny_llama
-    from lifeboat_cache.testing.mlx_serving import MlxServing
+    from lifeboat_cache.demo.mlx_serving import MlxServing
 
-    model = tiny_llama(sys.argv[1])
-    s = MlxServing(model, lifeboat=False, pool_size=512, max_running_requests=2)
+    s = MlxServing(sys.argv[1], lifeboat=False, pool_size=512, max_running_requests=2)
     before = (s.allocator.available_size(), s.req_to_token_pool.available_size())
     for i in range(3):
         s.generate(list(range(10 + i, 110 + i)), max_new_tokens=4)
@@ -144,7 +143,8 @@ CHILD = textwrap.dedent("""
 
 def test_reset_tree_frees_every_slot(tmp_path: Path, blas_env: dict) -> None:
     pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'mlx[cpu]')")
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "model")], env=blas_env,
+    model = tiny_llama(tmp_path / "model")  # built here: the child sees the installed package only
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(model)], env=blas_env,
                           capture_output=True, text=True, timeout=600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, proc.stderr[-4000:]
@@ -155,11 +155,10 @@ def test_reset_tree_frees_every_slot(tmp_path: Path, blas_env: dict) -> None:
 FALLBACKS = textwrap.dedent("""
     import dataclasses, json, logging, os, sys
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
-    from lifeboat_cache.testing.mlx_models import tiny_llama
-    from lifeboat_cache.testing.mlx_serving import MlxServing
+    from lifeboat_cache.demo.mlx_serving import MlxServing
     from lifeboat_cache.integrations import sglang_mlx
 
-    s = MlxServing(tiny_llama(sys.argv[1]), lifeboat=True, pool_size=512, max_running_requests=2)
+    s = MlxServing(sys.argv[1], lifeboat=True, pool_size=512, max_running_requests=2)
     ctx = s.build_context
     out = {"normal": s.engine is not None}
 
@@ -187,7 +186,8 @@ def test_mlx_factory_falls_back_to_sglangs_radix_cache(tmp_path: Path, blas_env:
     config = tmp_path / "lifeboat.yaml"
     config.write_text(f"model_id: fallback-test\nstorage:\n  - type: local\n    path: {blocker / 'store'}\n")
     env = dict(blas_env, XDG_CACHE_HOME=str(tmp_path / "xdg"), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", FALLBACKS, str(tmp_path / "model"), str(config)], env=env,
+    model = tiny_llama(tmp_path / "model")  # built here: the child sees the installed package only
+    proc = subprocess.run([sys.executable, "-c", FALLBACKS, str(model), str(config)], env=env,
                           capture_output=True, text=True, timeout=600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,6 +1,6 @@
 """Operating the MLX backend: named without LIFEBOAT_CACHE, `lifeboat_*` metrics, stats files, `ls`.
 
-Real processes through SGLang's real MLX classes (``lifeboat_cache.testing.mlx_serving``): the launch
+Real processes through SGLang's real MLX classes (``lifeboat_cache.demo.mlx_serving``): the launch
 types ``--radix-cache-backend lifeboat`` with ``LIFEBOAT_CACHE`` unset, the plugin entry point
 registers the backend, ``create_tree_cache`` builds it. ``PROMETHEUS_MULTIPROC_DIR`` is set as
 SGLang's ``--enable-metrics`` sets it; the parent scrapes with ``MultiProcessCollector``.
@@ -25,8 +25,8 @@ from prometheus_client.multiprocess import MultiProcessCollector  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from lifeboat_cache.runtimes import mlx as lbmlx  # noqa: E402
-from lifeboat_cache.testing.mlx_models import tiny_llama  # noqa: E402
-from lifeboat_cache.testing.mlx_serving import child_env, run_plan_process  # noqa: E402
+from lifeboat_cache.demo.mlx_serving import child_env, run_plan_process  # noqa: E402
+from support.mlx_models import tiny_llama  # noqa: E402
 
 C = lbmlx.CHUNK_TOKENS
 P = [int(x) for x in np.random.default_rng(0).integers(3, 500, size=300)]  # 4 full chunks

@@ -1,6 +1,6 @@
 """``--radix-cache-backend lifeboat`` through SGLang's real MLX classes, across process restarts.
 
-Each "process" is a fresh Python process running a plan (``lifeboat_cache.testing.mlx_serving``):
+Each "process" is a fresh Python process running a plan (``lifeboat_cache.demo.mlx_serving``):
 SGLang's plugin entry point registers the backend, server-arg resolution picks it (no backend named),
 ``registry.create_tree_cache`` builds it, and requests go through ``MlxModelRunner`` /
 ``MlxAttentionKVPool`` / ``UnifiedRadixCache`` / ``release_kv_cache`` exactly in the scheduler's order.
@@ -34,8 +34,8 @@ pytest.importorskip("sglang", reason="SGLang 0.5.23 is not installed")
 from lifeboat_cache import ChunkStore  # noqa: E402
 from lifeboat_cache.config import settings_from_dict  # noqa: E402
 from lifeboat_cache.runtimes import mlx as lbmlx  # noqa: E402
-from lifeboat_cache.testing.mlx_models import tiny_llama  # noqa: E402
-from lifeboat_cache.testing.mlx_serving import child_env, run_plan_process  # noqa: E402
+from lifeboat_cache.demo.mlx_serving import child_env, run_plan_process  # noqa: E402
+from support.mlx_models import tiny_llama  # noqa: E402
 from support.chunks import flip_byte  # noqa: E402
 
 C = lbmlx.CHUNK_TOKENS

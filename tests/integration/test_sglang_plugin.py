@@ -30,21 +30,21 @@ import pytest
 pytest.importorskip("sglang.srt.server_args")
 
 from lifeboat_cache.integrations import sglang_plugin  # noqa: E402
-from lifeboat_cache.runtimes import cuda  # noqa: E402
-from lifeboat_cache.runtimes.cuda import GB  # noqa: E402
+from lifeboat_cache.integrations import sglang_launch_rules as rules  # noqa: E402
+from lifeboat_cache.integrations.sglang_launch_rules import GB  # noqa: E402
 
-EXTRA = json.dumps(dict(cuda.BACKEND_EXTRA_CONFIG))
+EXTRA = json.dumps(dict(rules.BACKEND_EXTRA_CONFIG))
 LIFEBOAT = dict(
     enable_hierarchical_cache=True, hicache_storage_backend="dynamic", hicache_storage_backend_extra_config=EXTRA
 )
 RAM = 64 * GB  # -> default pool 6 GB per rank
 ENV_VARS = (
-    cuda.ENV_ENABLE,
-    cuda.ENV_PAGE_SIZE,
-    cuda.ENV_STAGING_TOKENS,
-    cuda.ENV_HOST_GB,
-    cuda.ENV_WRITE_POLICY,
-    cuda.ENV_ZERO_COPY,
+    rules.ENV_ENABLE,
+    rules.ENV_PAGE_SIZE,
+    rules.ENV_STAGING_TOKENS,
+    rules.ENV_HOST_GB,
+    rules.ENV_WRITE_POLICY,
+    rules.ENV_ZERO_COPY,
     "SGLANG_USE_MLX",
 )
 
@@ -208,7 +208,7 @@ def test_host_layout_decision_matches_sglangs_resolved_layout(tiny_model: str, m
 
 
 def test_lifeboat_launch_full_pipeline_reaches_the_scheduler_bags(tiny_model: str, monkeypatch) -> None:
-    monkeypatch.setenv(cuda.ENV_WRITE_POLICY, "write_back")
+    monkeypatch.setenv(rules.ENV_WRITE_POLICY, "write_back")
     sa = resolve(tiny_model, **LIFEBOAT)
     v = view(sa)
     # `_page_size_default` (which would give 1) and `handle_hicache` ran after our declaration.
@@ -222,7 +222,7 @@ def test_lifeboat_launch_full_pipeline_reaches_the_scheduler_bags(tiny_model: st
 
 
 def test_without_lifeboat_full_pipeline_is_stock(tiny_model: str, monkeypatch) -> None:
-    monkeypatch.setenv(cuda.ENV_PAGE_SIZE, "128")
+    monkeypatch.setenv(rules.ENV_PAGE_SIZE, "128")
     sa = resolve(tiny_model, enable_hierarchical_cache=True)
     assert view(sa).page_size == 1 and view(sa).hicache_size == 0
     assert our_declarations(sa) == []
@@ -231,11 +231,11 @@ def test_without_lifeboat_full_pipeline_is_stock(tiny_model: str, monkeypatch) -
 @pytest.mark.parametrize(
     "env, expected",
     [
-        ({cuda.ENV_PAGE_SIZE: "128"}, dict(page_size=128)),
-        ({cuda.ENV_HOST_GB: "40"}, dict(hicache_size=40)),
-        ({cuda.ENV_WRITE_POLICY: "write_through_selective"}, dict(hicache_write_policy="write_through_selective")),
-        ({cuda.ENV_WRITE_POLICY: "write_back"}, dict(hicache_write_policy="write_back")),
-        ({cuda.ENV_ZERO_COPY: "0", cuda.ENV_STAGING_TOKENS: "512"}, dict(page_size=64, hicache_size=6)),
+        ({rules.ENV_PAGE_SIZE: "128"}, dict(page_size=128)),
+        ({rules.ENV_HOST_GB: "40"}, dict(hicache_size=40)),
+        ({rules.ENV_WRITE_POLICY: "write_through_selective"}, dict(hicache_write_policy="write_through_selective")),
+        ({rules.ENV_WRITE_POLICY: "write_back"}, dict(hicache_write_policy="write_back")),
+        ({rules.ENV_ZERO_COPY: "0", rules.ENV_STAGING_TOKENS: "512"}, dict(page_size=64, hicache_size=6)),
     ],
 )
 def test_env_overrides(monkeypatch, env: dict, expected: dict) -> None:
@@ -247,25 +247,25 @@ def test_env_overrides(monkeypatch, env: dict, expected: dict) -> None:
 
 
 def test_host_gb_auto_uses_the_injected_gpu_memory(monkeypatch) -> None:
-    monkeypatch.setenv(cuda.ENV_HOST_GB, "auto")
+    monkeypatch.setenv(rules.ENV_HOST_GB, "auto")
     monkeypatch.setattr(sglang_plugin, "available_ram_bytes", lambda: 1000 * GB)
     seen = []
     monkeypatch.setattr(sglang_plugin, "gpu_memory_bytes", lambda index=0: seen.append(index) or 80 * GB)
     v = view(resolve(tp_size=4, base_gpu_id=2, **LIFEBOAT))
     # min(2 x 80 GB, (1000 GB - 10 GiB) / 2 / 4 ranks = 123.6 GB) -> 123
-    assert v.hicache_size == cuda.auto_host_pool_gb(80 * GB, 1000 * GB, 4) == 123
+    assert v.hicache_size == rules.auto_host_pool_gb(80 * GB, 1000 * GB, 4) == 123
     assert seen == [2]  # the launch's first GPU
 
 
 def test_host_gb_auto_without_gpu_stops(monkeypatch) -> None:
-    monkeypatch.setenv(cuda.ENV_HOST_GB, "auto")
+    monkeypatch.setenv(rules.ENV_HOST_GB, "auto")
     monkeypatch.setattr(sglang_plugin, "gpu_memory_bytes", lambda index=0: None)
     with pytest.raises(ValueError, match="LIFEBOAT_SGLANG_HOST_GB=auto"):
         resolve(**LIFEBOAT)
 
 
 def test_launch_page_size_is_kept(tiny_model: str, monkeypatch) -> None:
-    monkeypatch.setenv(cuda.ENV_PAGE_SIZE, "128")
+    monkeypatch.setenv(rules.ENV_PAGE_SIZE, "128")
     for model in ("dummy", tiny_model):
         sa = resolve(model, page_size=16, **LIFEBOAT)
         assert view(sa).page_size == 16
@@ -274,7 +274,7 @@ def test_launch_page_size_is_kept(tiny_model: str, monkeypatch) -> None:
 
 @pytest.mark.parametrize("given", [dict(hicache_size=3), dict(hicache_ratio=1.5)])
 def test_launch_host_pool_is_kept(monkeypatch, given: dict) -> None:
-    monkeypatch.setenv(cuda.ENV_HOST_GB, "64")
+    monkeypatch.setenv(rules.ENV_HOST_GB, "64")
     v = view(resolve(**given, **LIFEBOAT))
     assert v.hicache_size == given.get("hicache_size", 0)
     assert v.hicache_ratio == given.get("hicache_ratio", 2.0)
@@ -339,9 +339,9 @@ def test_command_line_through_prepare_server_args(monkeypatch) -> None:
 def test_other_launches_are_unchanged(monkeypatch, launch: dict) -> None:
     baseline = resolve(**launch).resolved_dict()
     # Tuning variables (even invalid ones) do nothing to a launch that does not use LifeboatCache.
-    monkeypatch.setenv(cuda.ENV_PAGE_SIZE, "abc")
-    monkeypatch.setenv(cuda.ENV_HOST_GB, "64")
-    monkeypatch.setenv(cuda.ENV_WRITE_POLICY, "write_back")
+    monkeypatch.setenv(rules.ENV_PAGE_SIZE, "abc")
+    monkeypatch.setenv(rules.ENV_HOST_GB, "64")
+    monkeypatch.setenv(rules.ENV_WRITE_POLICY, "write_back")
     sa = resolve(**launch)
     assert our_declarations(sa) == []
     assert sa.resolved_dict() == baseline
@@ -349,7 +349,7 @@ def test_other_launches_are_unchanged(monkeypatch, launch: dict) -> None:
 
 def test_enable_flag_with_another_storage_backend_is_unchanged(monkeypatch, caplog) -> None:
     caplog.set_level(logging.INFO, logger=sglang_plugin.__name__)
-    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    monkeypatch.setenv(rules.ENV_ENABLE, "1")
     sa = resolve(device="cuda", enable_hierarchical_cache=True, hicache_storage_backend="file")
     assert our_declarations(sa) == [] and view(sa).hicache_storage_backend == "file"
     assert any("--hicache-storage-backend file" in r.getMessage() for r in caplog.records)
@@ -367,12 +367,12 @@ def test_one_variable_start_on_a_cuda_launch(monkeypatch) -> None:
     arguments without touching hardware. (No `--device` on a real CUDA host resolves the same, via
     SGLang's platform detection.)
     """
-    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    monkeypatch.setenv(rules.ENV_ENABLE, "1")
     sa = resolve(device="cuda")
     v = view(sa)
     assert v.enable_hierarchical_cache is True
     assert v.hicache_storage_backend == "dynamic"
-    assert json.loads(v.hicache_storage_backend_extra_config) == dict(cuda.BACKEND_EXTRA_CONFIG)
+    assert json.loads(v.hicache_storage_backend_extra_config) == dict(rules.BACKEND_EXTRA_CONFIG)
     assert v.page_size == 64 and v.hicache_size == 6
     _, memory = bags(sa)
     assert memory.enable_hierarchical_cache is True and memory.hicache_storage_backend == "dynamic"
@@ -383,7 +383,7 @@ def test_one_variable_start_without_device_follows_platform_detection(monkeypatc
     """No `--device`: SGLang's platform facts decide; `override_platform` is SGLang's own test seam."""
     from sglang.srt.runtime_context import override_platform
 
-    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    monkeypatch.setenv(rules.ENV_ENABLE, "1")
     with override_platform(is_cuda=True):
         sa = resolve(device=None)
     assert view(sa).enable_hierarchical_cache is True and view(sa).page_size == 64
@@ -394,14 +394,14 @@ def test_one_variable_start_without_device_follows_platform_detection(monkeypatc
 
 def test_one_variable_start_skips_non_cuda_launches(monkeypatch, caplog) -> None:
     caplog.set_level(logging.INFO, logger=sglang_plugin.__name__)
-    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    monkeypatch.setenv(rules.ENV_ENABLE, "1")
     sa = resolve(device="cpu")
     assert our_declarations(sa) == [] and view(sa).enable_hierarchical_cache is False
     assert any("only on CUDA launches" in r.getMessage() for r in caplog.records)
 
 
 def test_one_variable_start_turns_on_hicache_for_a_named_backend(monkeypatch) -> None:
-    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    monkeypatch.setenv(rules.ENV_ENABLE, "1")
     launch = {k: v for k, v in LIFEBOAT.items() if k != "enable_hierarchical_cache"}
     v = view(resolve(**launch))
     assert v.enable_hierarchical_cache is True and v.page_size == 64
@@ -415,11 +415,11 @@ def test_one_variable_start_turns_on_hicache_for_a_named_backend(monkeypatch) ->
 @pytest.mark.parametrize(
     "name, value, allowed",
     [
-        (cuda.ENV_PAGE_SIZE, "abc", "positive whole number"),
-        (cuda.ENV_STAGING_TOKENS, "-1", "positive whole number"),
-        (cuda.ENV_HOST_GB, "many", "'auto'"),
-        (cuda.ENV_WRITE_POLICY, "write-back", "write_through, write_through_selective, write_back"),
-        (cuda.ENV_ZERO_COPY, "true", "'1'"),
+        (rules.ENV_PAGE_SIZE, "abc", "positive whole number"),
+        (rules.ENV_STAGING_TOKENS, "-1", "positive whole number"),
+        (rules.ENV_HOST_GB, "many", "'auto'"),
+        (rules.ENV_WRITE_POLICY, "write-back", "write_through, write_through_selective, write_back"),
+        (rules.ENV_ZERO_COPY, "true", "'1'"),
     ],
 )
 def test_invalid_env_stops_resolution(monkeypatch, name: str, value: str, allowed: str) -> None:
@@ -436,7 +436,7 @@ def test_invalid_env_stops_resolution(monkeypatch, name: str, value: str, allowe
 
 
 def test_invalid_enable_flag_stops_any_launch(monkeypatch) -> None:
-    monkeypatch.setenv(cuda.ENV_ENABLE, "yes")
+    monkeypatch.setenv(rules.ENV_ENABLE, "yes")
     with pytest.raises(ValueError, match="LIFEBOAT_CACHE='yes' is invalid: allowed values are '1'"):
         resolve()
 
@@ -445,7 +445,7 @@ def test_invalid_enable_flag_stops_any_launch(monkeypatch) -> None:
 def test_invalid_env_stops_python_m_sglang_launch_server() -> None:
     """The real launcher process exits non-zero with our message, before any server starts."""
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
-    env[cuda.ENV_PAGE_SIZE] = "abc"
+    env[rules.ENV_PAGE_SIZE] = "abc"
     cmd = [sys.executable, "-W", "ignore", "-m", "sglang.launch_server", "--model-path", "dummy", "--device", "cpu"]
     cmd += ["--enable-hierarchical-cache", "--hicache-storage-backend", "dynamic"]
     cmd += ["--hicache-storage-backend-extra-config", EXTRA]
@@ -494,7 +494,7 @@ def test_mha_staging_bound_in_a_lifeboat_scheduler(monkeypatch, env_tokens, page
     from sglang.srt.runtime_context import create_context, use_context
 
     if env_tokens:
-        monkeypatch.setenv(cuda.ENV_STAGING_TOKENS, env_tokens)
+        monkeypatch.setenv(rules.ENV_STAGING_TOKENS, env_tokens)
     sa = resolve(**LIFEBOAT)
     info = _cpu_mha_buffer_info()
     with use_context(create_context(sa, role="scheduler")):
@@ -519,7 +519,7 @@ def test_mha_staging_untouched_without_lifeboat() -> None:
                                                 page_capacity=64)
     assert args["page_capacity"] == 64
     default = sglang_plugin._bound_mha_staging(_sglang_mha_signature, info, layer_num=2, page_size=64)
-    assert default["page_capacity"] == cuda.SGLANG_STAGING_PAGE_CHUNK  # nothing published: SGLang's default
+    assert default["page_capacity"] == rules.SGLANG_STAGING_PAGE_CHUNK  # nothing published: SGLang's default
 
 
 def test_real_mha_staging_on_cpu_through_the_hook(plugins: dict) -> None:
@@ -568,7 +568,7 @@ def test_mla_staging_bound_on_a_real_mla_host_pool(plugins: dict) -> None:
         if plugins["loaded_by_us"]:
             assert hasattr(mla.MLATokenToKVPoolHost._init_write_back_staging_buffers, "__wrapped__")
             host._init_write_back_staging_buffers()  # the installed hook around SGLang's method
-    assert bound == cuda.DEFAULT_STAGING_TOKENS // 64 and seen == [bound]
+    assert bound == rules.DEFAULT_STAGING_TOKENS // 64 and seen == [bound]
     assert host.page_num == page_num  # restored
     assert host.staging_buffer is None and host.staging_page_capacity == 0  # SGLang's CPU path
     with use_context(create_context(resolve(enable_hierarchical_cache=True), role="scheduler")):
@@ -588,7 +588,7 @@ def test_mlx_launch_selects_the_lifeboat_radix_backend(monkeypatch) -> None:
     from sglang.srt.server_args import ServerArgs
 
     monkeypatch.setenv("SGLANG_USE_MLX", "1")
-    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    monkeypatch.setenv(rules.ENV_ENABLE, "1")
     sa = ServerArgs(model_path="dummy", **LIFEBOAT)
     plan = sglang_plugin.apply_launch_tuning(sa)
     assert plan.active and plan.fields == {"radix_cache_backend": "lifeboat"}
@@ -603,12 +603,12 @@ def test_mlx_launch_keeps_a_named_radix_backend(monkeypatch) -> None:
     from sglang.srt.server_args import ServerArgs
 
     monkeypatch.setenv("SGLANG_USE_MLX", "1")
-    monkeypatch.setenv(cuda.ENV_ENABLE, "1")
+    monkeypatch.setenv(rules.ENV_ENABLE, "1")
     for named in ("lifeboat", "other"):
         sa = ServerArgs(model_path="dummy", radix_cache_backend=named)
         sglang_plugin.apply_launch_tuning(sa)
         assert our_declarations(sa) == []
-    monkeypatch.setenv(cuda.ENV_ENABLE, "0")
+    monkeypatch.setenv(rules.ENV_ENABLE, "0")
     sa = ServerArgs(model_path="dummy")
     assert not sglang_plugin.apply_launch_tuning(sa).active and our_declarations(sa) == []
 
@@ -625,7 +625,7 @@ def test_mlx_radix_backend_registration(monkeypatch, caplog) -> None:
     monkeypatch.setenv("SGLANG_USE_MLX", "1")
     factory = getattr(importlib.import_module(sglang_plugin.MLX_MODULE), sglang_plugin.MLX_FACTORY)
 
-    monkeypatch.delenv(cuda.ENV_ENABLE, raising=False)
+    monkeypatch.delenv(rules.ENV_ENABLE, raising=False)
     sglang_plugin._register_mlx_radix_backend()  # LIFEBOAT_CACHE unset: registered all the same
     sglang_plugin._register_mlx_radix_backend()  # idempotent: a second registration would raise in SGLang
     assert registry.registered_radix_cache_backends() == ["lifeboat"]

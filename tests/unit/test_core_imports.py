@@ -13,7 +13,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError('blocked for this test: ' + name)
 sys.meta_path.insert(0, Block())
 import lifeboat_cache.store, lifeboat_cache.tiers.local, lifeboat_cache.tiers.nfs, lifeboat_cache.cli
-import lifeboat_cache.runtimes.cuda
+import lifeboat_cache.integrations.sglang_launch_rules
 from lifeboat_cache import ChunkStore, load_settings, namespace_fingerprint
 print('ok')
 """

@@ -1,4 +1,4 @@
-"""Pure launch-tuning rules (`lifeboat_cache.runtimes.cuda`): no SGLang, no torch, no GPU."""
+"""Pure launch-tuning rules (`lifeboat_cache.integrations.sglang_launch_rules`): no SGLang, no torch, no GPU."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import pytest
 
 from lifeboat_cache.config import ConfigError
-from lifeboat_cache.runtimes import cuda
-from lifeboat_cache.runtimes.cuda import GB, GIB, LaunchFacts, plan_launch_tuning
+from lifeboat_cache.integrations import sglang_launch_rules as rules
+from lifeboat_cache.integrations.sglang_launch_rules import GB, GIB, LaunchFacts, plan_launch_tuning
 
-OURS = dict(cuda.BACKEND_EXTRA_CONFIG)
+OURS = dict(rules.BACKEND_EXTRA_CONFIG)
 
 
 def facts(**kw) -> LaunchFacts:
@@ -52,11 +52,11 @@ def no_gpu() -> int:
     ],
 )
 def test_default_host_pool_is_ten_percent_clamped(ram_gb: float, expected: int) -> None:
-    assert cuda.default_host_pool_gb(int(ram_gb * GB)) == expected
+    assert rules.default_host_pool_gb(int(ram_gb * GB)) == expected
 
 
 def test_default_host_pool_negative_ram_is_floor() -> None:
-    assert cuda.default_host_pool_gb(-5) == cuda.DEFAULT_HOST_MIN_GB
+    assert rules.default_host_pool_gb(-5) == rules.DEFAULT_HOST_MIN_GB
 
 
 @pytest.mark.parametrize(
@@ -70,26 +70,26 @@ def test_default_host_pool_negative_ram_is_floor() -> None:
     ],
 )
 def test_auto_host_pool(gpu_gb: int, ram_gb: int, ranks: int, expected: int) -> None:
-    assert cuda.auto_host_pool_gb(gpu_gb * GB, ram_gb * GB, ranks) == expected
+    assert rules.auto_host_pool_gb(gpu_gb * GB, ram_gb * GB, ranks) == expected
 
 
 def test_auto_host_pool_reserve_is_subtracted_before_halving() -> None:
     # 12 GiB free, one rank: (12 GiB - 10 GiB) / 2 = 1 GiB = 1.07 GB -> 1 GB.
-    assert cuda.auto_host_pool_gb(80 * GB, 12 * GIB, 1) == 1
+    assert rules.auto_host_pool_gb(80 * GB, 12 * GIB, 1) == 1
     # Without the reserve it would have been 6 GB; with two ranks each gets half of the 1 GiB.
     with pytest.raises(ConfigError, match="LIFEBOAT_SGLANG_HOST_GB=auto"):
-        cuda.auto_host_pool_gb(80 * GB, 12 * GIB, 2)
+        rules.auto_host_pool_gb(80 * GB, 12 * GIB, 2)
 
 
 @pytest.mark.parametrize("ram", [0, 10 * GIB, 10 * GIB + GB])
 def test_auto_host_pool_without_room_stops_with_the_variable_named(ram: int) -> None:
     with pytest.raises(ConfigError) as err:
-        cuda.auto_host_pool_gb(80 * GB, ram, 1)
+        rules.auto_host_pool_gb(80 * GB, ram, 1)
     assert "LIFEBOAT_SGLANG_HOST_GB" in str(err.value) and "'auto'" in str(err.value)
 
 
 def test_auto_host_budget_treats_zero_ranks_as_one() -> None:
-    assert cuda.auto_host_budget_gb(100 * GB, 0) == cuda.auto_host_budget_gb(100 * GB, 1)
+    assert rules.auto_host_budget_gb(100 * GB, 0) == rules.auto_host_budget_gb(100 * GB, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,13 +112,13 @@ def test_auto_host_budget_treats_zero_ranks_as_one() -> None:
     ],
 )
 def test_staging_pages(tokens: int, page: int, pages: int) -> None:
-    assert cuda.staging_pages(tokens, page) == pages
+    assert rules.staging_pages(tokens, page) == pages
 
 
 @pytest.mark.parametrize("tokens, page", [(0, 64), (1024, 0), (-1, 64)])
 def test_staging_pages_rejects_nonpositive(tokens: int, page: int) -> None:
     with pytest.raises(ValueError):
-        cuda.staging_pages(tokens, page)
+        rules.staging_pages(tokens, page)
 
 
 @pytest.mark.parametrize(
@@ -134,14 +134,14 @@ def test_staging_pages_rejects_nonpositive(tokens: int, page: int) -> None:
     ],
 )
 def test_ranks_on_host(tp: int, pp: int, dp: int, nnodes: int, ranks: int) -> None:
-    assert cuda.ranks_on_host(tp, pp, dp, nnodes) == ranks
+    assert rules.ranks_on_host(tp, pp, dp, nnodes) == ranks
 
 
 @pytest.mark.parametrize(
     "extra, ours",
     [
         (OURS, True),
-        ({"module_path": cuda.BACKEND_MODULE, "class_name": "X", "backend_name": "x"}, True),
+        ({"module_path": rules.BACKEND_MODULE, "class_name": "X", "backend_name": "x"}, True),
         ({"backend_name": "lifeboat", "module_path": "elsewhere", "class_name": "X"}, True),
         ({"backend_name": "mine", "module_path": "my.mod", "class_name": "X"}, False),
         (None, False),
@@ -149,11 +149,11 @@ def test_ranks_on_host(tp: int, pp: int, dp: int, nnodes: int, ranks: int) -> No
     ],
 )
 def test_backend_recognition(extra, ours: bool) -> None:
-    assert cuda.is_lifeboat_extra_config(extra) is ours
+    assert rules.is_lifeboat_extra_config(extra) is ours
 
 
 def test_backend_extra_config_json_is_the_backend_contract() -> None:
-    assert json.loads(cuda.backend_extra_config_json()) == {
+    assert json.loads(rules.backend_extra_config_json()) == {
         "backend_name": "lifeboat",
         "module_path": "lifeboat_cache.integrations.sglang_backend",
         "class_name": "LifeboatHiCacheStorage",
@@ -170,29 +170,29 @@ def test_backend_extra_config_json_is_the_backend_contract() -> None:
     "parser, name, good, bad, allowed",
     [
         (
-            cuda.parse_page_size,
-            cuda.ENV_PAGE_SIZE,
+            rules.parse_page_size,
+            rules.ENV_PAGE_SIZE,
             {"32": 32, " 64 ": 64},
             ["0", "-4", "abc", "6.5"],
             "positive whole number",
         ),
-        (cuda.parse_staging_tokens, cuda.ENV_STAGING_TOKENS, {"512": 512}, ["0", "x", "1e3"], "positive whole number"),
+        (rules.parse_staging_tokens, rules.ENV_STAGING_TOKENS, {"512": 512}, ["0", "x", "1e3"], "positive whole number"),
         (
-            cuda.parse_host_gb,
-            cuda.ENV_HOST_GB,
+            rules.parse_host_gb,
+            rules.ENV_HOST_GB,
             {"64": 64, "auto": "auto", "AUTO": "auto"},
             ["0", "-1", "lots", "1.5"],
             "'auto'",
         ),
         (
-            cuda.parse_write_policy,
-            cuda.ENV_WRITE_POLICY,
-            {p: p for p in cuda.WRITE_POLICIES},
+            rules.parse_write_policy,
+            rules.ENV_WRITE_POLICY,
+            {p: p for p in rules.WRITE_POLICIES},
             ["write-through", "WRITE_BACK", "always"],
             "write_through, write_through_selective, write_back",
         ),
-        (cuda.parse_zero_copy, cuda.ENV_ZERO_COPY, {"1": True, "0": False}, ["true", "yes", "2"], "'1'"),
-        (cuda.parse_enable, cuda.ENV_ENABLE, {"1": True, "0": False}, ["true", "on", "2"], "'1'"),
+        (rules.parse_zero_copy, rules.ENV_ZERO_COPY, {"1": True, "0": False}, ["true", "yes", "2"], "'1'"),
+        (rules.parse_enable, rules.ENV_ENABLE, {"1": True, "0": False}, ["true", "on", "2"], "'1'"),
     ],
 )
 def test_env_parsing(parser, name: str, good: dict, bad: list, allowed: str) -> None:
@@ -207,12 +207,12 @@ def test_env_parsing(parser, name: str, good: dict, bad: list, allowed: str) -> 
 
 @pytest.mark.parametrize("raw", [None, "", "   "])
 def test_env_unset_or_blank_means_default(raw) -> None:
-    names = (cuda.ENV_PAGE_SIZE, cuda.ENV_HOST_GB, cuda.ENV_ZERO_COPY, cuda.ENV_ENABLE)
+    names = (rules.ENV_PAGE_SIZE, rules.ENV_HOST_GB, rules.ENV_ZERO_COPY, rules.ENV_ENABLE)
     env = {} if raw is None else {n: raw for n in names}
-    assert cuda.parse_page_size(env) is None
-    assert cuda.parse_host_gb(env) is None
-    assert cuda.parse_zero_copy(env) is True
-    assert cuda.parse_enable(env) is False
+    assert rules.parse_page_size(env) is None
+    assert rules.parse_host_gb(env) is None
+    assert rules.parse_zero_copy(env) is True
+    assert rules.parse_enable(env) is False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def test_plan_every_decision_once() -> None:
 
 
 def test_plan_launch_page_size_wins_over_env() -> None:
-    plan = plan_launch_tuning(facts(page_size=16), {cuda.ENV_PAGE_SIZE: "128"}, no_gpu)
+    plan = plan_launch_tuning(facts(page_size=16), {rules.ENV_PAGE_SIZE: "128"}, no_gpu)
     assert "page_size" not in plan.fields
     assert "page size 16 (the launch gave --page-size)" in plan.messages()
     staging = next(d for d in plan.decisions if d.what == "GPU write-back staging")
@@ -263,7 +263,7 @@ def test_plan_launch_page_size_wins_over_env() -> None:
 
 
 def test_plan_env_page_size_changes_the_default() -> None:
-    plan = plan_launch_tuning(facts(), {cuda.ENV_PAGE_SIZE: "128"}, no_gpu)
+    plan = plan_launch_tuning(facts(), {rules.ENV_PAGE_SIZE: "128"}, no_gpu)
     assert plan.fields["page_size"] == 128
     assert "page size 128 (LIFEBOAT_SGLANG_PAGE_SIZE; launch gave none)" in plan.messages()
     staging = next(d for d in plan.decisions if d.what == "GPU write-back staging")
@@ -271,7 +271,7 @@ def test_plan_env_page_size_changes_the_default() -> None:
 
 
 def test_plan_staging_env() -> None:
-    plan = plan_launch_tuning(facts(), {cuda.ENV_STAGING_TOKENS: "256"}, no_gpu)
+    plan = plan_launch_tuning(facts(), {rules.ENV_STAGING_TOKENS: "256"}, no_gpu)
     staging = next(d for d in plan.decisions if d.what == "GPU write-back staging")
     assert staging.value == "256 tokens" and "LIFEBOAT_SGLANG_STAGING_TOKENS" in staging.why
     assert staging.fields == {}  # applied in the scheduler, not through a server argument
@@ -282,7 +282,7 @@ def test_plan_staging_env() -> None:
 )
 @pytest.mark.parametrize("env_host", [None, "64", "auto"])
 def test_plan_launch_host_pool_always_wins(given: dict, env_host) -> None:
-    env = {} if env_host is None else {cuda.ENV_HOST_GB: env_host}
+    env = {} if env_host is None else {rules.ENV_HOST_GB: env_host}
     plan = plan_launch_tuning(facts(**given), env, no_gpu)
     assert "hicache_size" not in plan.fields
     host = next(d for d in plan.decisions if d.what == "host pool")
@@ -291,27 +291,27 @@ def test_plan_launch_host_pool_always_wins(given: dict, env_host) -> None:
 
 
 def test_plan_env_host_gb_number() -> None:
-    plan = plan_launch_tuning(facts(available_ram_bytes=1000 * GB), {cuda.ENV_HOST_GB: "64"}, no_gpu)
+    plan = plan_launch_tuning(facts(available_ram_bytes=1000 * GB), {rules.ENV_HOST_GB: "64"}, no_gpu)
     assert plan.fields["hicache_size"] == 64
     assert "host pool 64 GB per rank (LIFEBOAT_SGLANG_HOST_GB)" in plan.messages()
 
 
 def test_plan_env_host_gb_auto_uses_injected_gpu_memory() -> None:
     f = facts(available_ram_bytes=1000 * GB, ranks_per_host=8)
-    plan = plan_launch_tuning(f, {cuda.ENV_HOST_GB: "auto"}, lambda: 80 * GB)
-    assert plan.fields["hicache_size"] == cuda.auto_host_pool_gb(80 * GB, 1000 * GB, 8) == 61
-    plan = plan_launch_tuning(facts(available_ram_bytes=1000 * GB), {cuda.ENV_HOST_GB: "auto"}, lambda: 24 * GB)
+    plan = plan_launch_tuning(f, {rules.ENV_HOST_GB: "auto"}, lambda: 80 * GB)
+    assert plan.fields["hicache_size"] == rules.auto_host_pool_gb(80 * GB, 1000 * GB, 8) == 61
+    plan = plan_launch_tuning(facts(available_ram_bytes=1000 * GB), {rules.ENV_HOST_GB: "auto"}, lambda: 24 * GB)
     assert plan.fields["hicache_size"] == 48
 
 
 @pytest.mark.parametrize("gpu", [None, 0])
 def test_plan_auto_without_gpu_stops(gpu) -> None:
     with pytest.raises(ConfigError, match="LIFEBOAT_SGLANG_HOST_GB=auto needs the GPU's memory"):
-        plan_launch_tuning(facts(), {cuda.ENV_HOST_GB: "auto"}, lambda: gpu)
+        plan_launch_tuning(facts(), {rules.ENV_HOST_GB: "auto"}, lambda: gpu)
 
 
 def test_plan_warns_when_the_pool_cannot_fit() -> None:
-    plan = plan_launch_tuning(facts(available_ram_bytes=100 * GB, ranks_per_host=8), {cuda.ENV_HOST_GB: "64"}, no_gpu)
+    plan = plan_launch_tuning(facts(available_ram_bytes=100 * GB, ranks_per_host=8), {rules.ENV_HOST_GB: "64"}, no_gpu)
     assert plan.fields["hicache_size"] == 64
     assert any("exceeds this host's room" in w for w in plan.warnings)
     # The default on a small host: 2 GB floor but less than 2 GB of room after the reserve.
@@ -319,10 +319,10 @@ def test_plan_warns_when_the_pool_cannot_fit() -> None:
     assert plan.fields["hicache_size"] == 2 and plan.warnings
 
 
-@pytest.mark.parametrize("launch_policy", cuda.WRITE_POLICIES)
-@pytest.mark.parametrize("env_policy", (None,) + cuda.WRITE_POLICIES)
+@pytest.mark.parametrize("launch_policy", rules.WRITE_POLICIES)
+@pytest.mark.parametrize("env_policy", (None,) + rules.WRITE_POLICIES)
 def test_plan_write_policy(launch_policy: str, env_policy) -> None:
-    env = {} if env_policy is None else {cuda.ENV_WRITE_POLICY: env_policy}
+    env = {} if env_policy is None else {rules.ENV_WRITE_POLICY: env_policy}
     plan = plan_launch_tuning(facts(write_policy=launch_policy), env, no_gpu)
     decision = next(d for d in plan.decisions if d.what == "write policy")
     if env_policy is None:
@@ -334,18 +334,18 @@ def test_plan_write_policy(launch_policy: str, env_policy) -> None:
 
 
 def test_plan_zero_copy_off() -> None:
-    plan = plan_launch_tuning(facts(), {cuda.ENV_ZERO_COPY: "0"}, no_gpu)
+    plan = plan_launch_tuning(facts(), {rules.ENV_ZERO_COPY: "0"}, no_gpu)
     assert "zero-copy page I/O off (LIFEBOAT_SGLANG_ZERO_COPY)" in plan.messages()
 
 
 @pytest.mark.parametrize(
     "name, value",
     [
-        (cuda.ENV_PAGE_SIZE, "big"),
-        (cuda.ENV_STAGING_TOKENS, "0"),
-        (cuda.ENV_HOST_GB, "-3"),
-        (cuda.ENV_WRITE_POLICY, "sometimes"),
-        (cuda.ENV_ZERO_COPY, "yes"),
+        (rules.ENV_PAGE_SIZE, "big"),
+        (rules.ENV_STAGING_TOKENS, "0"),
+        (rules.ENV_HOST_GB, "-3"),
+        (rules.ENV_WRITE_POLICY, "sometimes"),
+        (rules.ENV_ZERO_COPY, "yes"),
     ],
 )
 def test_plan_invalid_env_stops_a_lifeboat_launch(name: str, value: str) -> None:
@@ -355,7 +355,7 @@ def test_plan_invalid_env_stops_a_lifeboat_launch(name: str, value: str) -> None
 
 @pytest.mark.parametrize(
     "name, value",
-    [(cuda.ENV_PAGE_SIZE, "big"), (cuda.ENV_HOST_GB, "-3"), (cuda.ENV_WRITE_POLICY, "x"), (cuda.ENV_ZERO_COPY, "y")],
+    [(rules.ENV_PAGE_SIZE, "big"), (rules.ENV_HOST_GB, "-3"), (rules.ENV_WRITE_POLICY, "x"), (rules.ENV_ZERO_COPY, "y")],
 )
 def test_plan_other_launches_are_untouched_even_with_bad_tuning_env(name: str, value: str) -> None:
     for f in (
@@ -370,12 +370,12 @@ def test_plan_other_launches_are_untouched_even_with_bad_tuning_env(name: str, v
 
 def test_plan_invalid_enable_flag_stops_any_launch() -> None:
     with pytest.raises(ConfigError, match="LIFEBOAT_CACHE='yes'"):
-        plan_launch_tuning(facts(storage_backend=None, extra_config=None), {cuda.ENV_ENABLE: "yes"}, no_gpu)
+        plan_launch_tuning(facts(storage_backend=None, extra_config=None), {rules.ENV_ENABLE: "yes"}, no_gpu)
 
 
 def test_plan_one_variable_start_on_cuda() -> None:
     f = facts(enable_hierarchical_cache=False, storage_backend=None, extra_config=None)
-    plan = plan_launch_tuning(f, {cuda.ENV_ENABLE: "1"}, no_gpu)
+    plan = plan_launch_tuning(f, {rules.ENV_ENABLE: "1"}, no_gpu)
     assert plan.active
     fields = plan.fields
     assert fields["enable_hierarchical_cache"] is True
@@ -387,7 +387,7 @@ def test_plan_one_variable_start_on_cuda() -> None:
 
 def test_plan_one_variable_start_with_hicache_already_on() -> None:
     f = facts(storage_backend=None, extra_config=None, hicache_size=8)
-    plan = plan_launch_tuning(f, {cuda.ENV_ENABLE: "1"}, no_gpu)
+    plan = plan_launch_tuning(f, {rules.ENV_ENABLE: "1"}, no_gpu)
     assert plan.fields["hicache_storage_backend"] == "dynamic" and "hicache_size" not in plan.fields
 
 
@@ -402,7 +402,7 @@ def test_plan_one_variable_start_with_hicache_already_on() -> None:
 def test_plan_one_variable_start_declines(kw: dict, reason: str) -> None:
     base = dict(enable_hierarchical_cache=False, storage_backend=None, extra_config=None)
     base.update(kw)
-    plan = plan_launch_tuning(facts(**base), {cuda.ENV_ENABLE: "1"}, no_gpu)
+    plan = plan_launch_tuning(facts(**base), {rules.ENV_ENABLE: "1"}, no_gpu)
     assert not plan.active and plan.fields == {}
     assert any(reason in w for w in plan.warnings)
 
@@ -411,17 +411,17 @@ def test_plan_backend_named_without_hicache() -> None:
     plan = plan_launch_tuning(facts(enable_hierarchical_cache=False), {}, no_gpu)
     assert not plan.active and plan.fields == {}
     assert any("--enable-hierarchical-cache" in w for w in plan.warnings)
-    plan = plan_launch_tuning(facts(enable_hierarchical_cache=False), {cuda.ENV_ENABLE: "1"}, no_gpu)
+    plan = plan_launch_tuning(facts(enable_hierarchical_cache=False), {rules.ENV_ENABLE: "1"}, no_gpu)
     assert plan.active and plan.fields["enable_hierarchical_cache"] is True
     assert "hicache_storage_backend" not in plan.fields  # the launch's own extra config is kept
 
 
 def test_plan_with_backend_named_lifeboat_and_enable_flag_zero() -> None:
-    plan = plan_launch_tuning(facts(), {cuda.ENV_ENABLE: "0"}, no_gpu)
+    plan = plan_launch_tuning(facts(), {rules.ENV_ENABLE: "0"}, no_gpu)
     assert plan.active  # the launch named the backend explicitly; "0" only turns the one-variable start off
 
 
 def test_decision_is_frozen() -> None:
-    d = cuda.Decision("page size", 64, "why", {"page_size": 64})
+    d = rules.Decision("page size", 64, "why", {"page_size": 64})
     with pytest.raises(Exception):
         d.value = 1  # type: ignore[misc]

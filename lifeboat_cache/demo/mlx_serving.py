@@ -1,8 +1,9 @@
 """Serve requests through SGLang's real MLX classes, one at a time, the way its scheduler does.
 
 Why this exists: ``SGLANG_USE_MLX=1 sglang.launch_server`` refuses to start without an Apple Metal
-device, so on Linux (CI, this repo's tests, the demo) nothing launches the scheduler. The pieces the
-scheduler drives do run on Linux CPU, so :class:`MlxServing` drives them in the scheduler's order:
+device, so on Linux (the demo, ``lifeboat bench``'s MLX and real-KV sections, this repo's tests)
+nothing launches the scheduler. The pieces the scheduler drives do run on Linux CPU, so
+:class:`MlxServing` drives them in the scheduler's order:
 
 1. ``load_plugins()`` (the real ``sglang.srt.plugins`` entry point → ``lifeboat`` registration), then
    ``publish(ServerArgs)`` (the plugin's resolution hook picks ``--radix-cache-backend lifeboat``);
@@ -19,6 +20,11 @@ Only two objects are not SGLang's own construction: the ``MlxTpModelWorker`` is 
 ``TpModelWorker.__init__`` (which needs a launched server) and given the runner, and its torch-side
 ``MlxModelRunnerStub`` is represented by the object holding ``req_to_token_pool``, the one attribute
 ``_ensure_mlx_pool_initialized`` reads. Requests run one at a time (no batching, no overlap).
+
+Like a launch, :class:`MlxServing` sets ``SGLANG_USE_MLX=1`` and ``LIFEBOAT_CACHE=1`` in this process's
+environment, so it runs in a process of its own: a plan process (:func:`run_plan_process`) or the demo's
+``visit`` process. It is product code (the demo and the bench run on it), not a test helper: see
+docs/architecture.md, "Where the demo and its serving loop live".
 """
 
 from __future__ import annotations
@@ -66,7 +72,11 @@ def _preresolve_mlx_gate() -> None:
 
 
 class MlxServing:
-    """One model, one tree cache, requests served sequentially (see module doc)."""
+    """One model, one tree cache, requests served sequentially (see module doc).
+
+    Construction changes ``os.environ`` (``SGLANG_USE_MLX``, ``LIFEBOAT_CACHE``) as a launch would, and
+    raises what SGLang's construction raises (a model directory it cannot load, a bad lifeboat.yaml).
+    """
 
     def __init__(self, model_dir: str | os.PathLike[str], *, lifeboat: bool = True, pool_size: int = 8192,
                  max_running_requests: int = 4, context_len: int | None = None, warmup: bool = False,
@@ -274,6 +284,7 @@ class MlxServing:
         """K and V pool rows ``[layers, n_tokens, heads, dim]`` the tree holds for a prompt's first tokens.
 
         A plain tree match (no request, so no store extension); bf16 comes back as uint16 bits.
+        Raises AssertionError when the tree holds fewer than ``n_tokens`` tokens of the prompt.
         """
         import mlx.core as mx
 
@@ -327,6 +338,7 @@ def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
     "steps": [{"op": "generate", "name": ..., "ids": name-or-list, "max_new_tokens": 8,
     "save_rows": n_tokens, "extra_key": ..., "cache_salt": ...}, {"op": "flush"},
     {"op": "reset_tree"}, {"op": "arrive", "ids": ..., "rid": ...}, {"op": "stats"}]}``.
+    Raises ValueError for an unknown op, KeyError for a missing field.
     """
     import json
     from pathlib import Path
@@ -381,7 +393,9 @@ DEFAULT_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
 
 def child_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
     """Environment for a plan process: OpenBLAS preloaded on Linux (MLX's CPU wheel ships a reference
-    BLAS ~30x slower for fp32 GEMM), plus ``extra`` (e.g. ``XDG_CACHE_HOME`` for an isolated store)."""
+    BLAS ~30x slower for fp32 GEMM), plus ``extra`` (e.g. ``XDG_CACHE_HOME`` for an isolated store).
+
+    Raises ConfigError when ``LIFEBOAT_BLAS_PRELOAD`` names a file that does not exist."""
     import sys
 
     env = dict(os.environ if base is None else base)
@@ -411,7 +425,7 @@ def run_plan_process(plan: dict[str, Any], env: dict[str, str], timeout: float =
         json.dump(plan, f)
         path = f.name
     try:
-        proc = subprocess.run([sys.executable, "-m", "lifeboat_cache.testing.mlx_serving", path],
+        proc = subprocess.run([sys.executable, "-m", "lifeboat_cache.demo.mlx_serving", path],
                               env=env, capture_output=True, text=True, timeout=timeout)
     finally:
         os.unlink(path)
@@ -423,7 +437,9 @@ def run_plan_process(plan: dict[str, Any], env: dict[str, str], timeout: float =
 
 
 def parse_log_level(env: Any) -> str:
-    """``LIFEBOAT_LOG_LEVEL`` (DEBUG, INFO, WARNING, ERROR; default WARNING) for plan and demo processes."""
+    """``LIFEBOAT_LOG_LEVEL`` (DEBUG, INFO, WARNING, ERROR, CRITICAL; default WARNING) for plan and demo processes.
+
+    Raises ConfigError naming the variable and the allowed values for any other value."""
     from ..config import ConfigError
 
     value = (env.get("LIFEBOAT_LOG_LEVEL") or "WARNING").strip().upper()
@@ -434,7 +450,7 @@ def parse_log_level(env: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lifeboat_cache.testing.mlx_serving plan.json``: run a plan, print its results."""
+    """``python -m lifeboat_cache.demo.mlx_serving plan.json``: run a plan, print its results."""
     import json
     import sys
 

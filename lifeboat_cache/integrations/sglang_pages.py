@@ -1,0 +1,162 @@
+"""Page views of SGLang host pools: how a host pool's pages become numpy buffers for the store.
+
+A page is stored as exactly the bytes of SGLang's flat page (`get_data_page(idx, flat=True)`), so the
+zero-copy (v1) and copying interfaces read each other's pages. Zero-copy pages are lists of 1-D views
+of the pool's own buffer: one or two blocks for `page_first*`, 2*L (MHA) or L (MLA) blocks for
+`layer_first`. A pool whose pages are not views of its own buffers goes through SGLang's copying
+accessors (`get_data_page` / `set_from_flat_data_page`). Used by `sglang_backend` and `sglang_keys`
+only (the leading underscores say so; the code moved here verbatim from `sglang_backend`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..store import ChunkStore
+
+log = logging.getLogger(__name__)
+
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A numpy view (no copy) of a CPU tensor, as integers of the element's width.
+
+    numpy has no bfloat16; the integer width keeps the codec's byte planes right (2-byte planes
+    for bf16/fp16) and is the same for both interfaces, so both write identical records.
+    """
+    return t.view(_INT_OF_WIDTH[t.element_size()]).numpy()
+
+
+def _blocks(a: np.ndarray) -> list[np.ndarray]:
+    """The C-contiguous blocks of a strided view, in flat (row-major) order, as views."""
+    if a.flags.c_contiguous:
+        return [a]
+    if a.ndim <= 1:
+        raise ValueError("a page view with a strided last axis cannot be split into blocks")
+    return [b for sub in a for b in _blocks(sub)]
+
+
+def _page_tensors(pool: Any, start: int) -> list[torch.Tensor]:
+    """The tensors making one page, in the order of SGLang's flat page."""
+    if hasattr(pool, "_iter_page_tensors") and pool.layout in ("page_first", "page_first_direct"):
+        return list(pool._iter_page_tensors(start))  # MambaPoolHost: its get_data_page concatenates
+    return [pool.get_data_page(start, flat=False)]
+
+
+def _flat_page_bytes(pool: Any) -> int:
+    page = pool.get_dummy_flat_data_page()
+    return page.numel() * page.element_size()
+
+
+def _pages_are_views(pool: Any) -> bool:
+    """True when a page's tensors are views of the pool's own buffers (safe to decode into)."""
+    try:
+        owned = pool.get_hybrid_pool_buffer() if hasattr(pool, "get_hybrid_pool_buffer") else pool.kv_buffer
+        owned = owned if isinstance(owned, (list, tuple)) else [owned]
+        storages = {t.untyped_storage().data_ptr() for t in owned}
+        tensors = _page_tensors(pool, 0)
+        blocks = [b for t in tensors for b in _blocks(_np(t))]
+        return (all(t.untyped_storage().data_ptr() in storages for t in tensors)
+                and sum(b.nbytes for b in blocks) == _flat_page_bytes(pool))
+    except Exception as e:  # an unknown pool or layout: SGLang's copying accessors still work
+        log.info("lifeboat: %s pages are not plain views (%s); using SGLang's page copies",
+                 type(pool).__name__, e)
+        return False
+
+
+class _BlockPlan:
+    """Where a page's blocks sit in the pool's one buffer, computed once per pool.
+
+    In every SGLang layout a page's blocks move by the same stride per token slot (layer_first:
+    one token row of each layer; page_first*: one slot of the page axis), so the page at slot s is
+    `flat[off + s * per_slot : ... + length]` for the offsets of the page at slot 0. Slicing those
+    costs ~0.2 us a block, where walking the strided tensor view costs ~1 us a block in Python:
+    a layer_first page is 2 x layers blocks (48 for a 24-layer model), so this is most of the
+    per-page overhead of that layout. The plan is checked against the generic walk on two pages;
+    a pool it does not fit (several buffers, uneven strides) keeps the generic walk.
+    """
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray, lengths: list[int], per_slot: int) -> None:
+        self.flat, self.offsets, self.lengths, self.per_slot = flat, offsets, lengths, per_slot
+
+    @classmethod
+    def of(cls, host: Any, page_size: int, generic: Callable[[int], list[np.ndarray]]) -> Optional["_BlockPlan"]:
+        try:
+            buf = host.kv_buffer
+            if not isinstance(buf, torch.Tensor) or not buf.is_contiguous() or buf.device.type != "cpu":
+                return None
+            flat = _np(buf).reshape(-1)
+            item, base = flat.itemsize, flat.ctypes.data
+            b0 = generic(0)
+            offsets = np.array([(b.ctypes.data - base) // item for b in b0], dtype=np.int64)
+            lengths = [b.size for b in b0]
+            if int(getattr(host, "logical_page_size", None) or page_size) != int(host.page_size):
+                return None  # DCP: slots are translated per rank; keep SGLang's own accessor
+            pages = int(getattr(host, "page_num", 0) or 0)
+            second = generic(page_size)
+            per_slot = ((second[0].ctypes.data - base) // item - int(offsets[0])) // page_size
+            plan = cls(flat, offsets, lengths, per_slot)
+            for start in {page_size, max(0, (pages - 1) * page_size)}:
+                want = generic(start)
+                got = plan.blocks(start)
+                where = [(b.ctypes.data, b.nbytes, b.dtype) for b in got]
+                if where != [(b.ctypes.data, b.nbytes, b.dtype) for b in want]:
+                    return None
+            return plan
+        except Exception as e:  # an unknown pool: the generic walk still works
+            log.debug("lifeboat: no block plan for %s: %s", type(host).__name__, e)
+            return None
+
+    def blocks(self, start: int) -> list[np.ndarray]:
+        flat = self.flat
+        return [flat[o: o + n] for o, n in zip((self.offsets + start * self.per_slot).tolist(), self.lengths)]
+
+
+class _Pool:
+    """One registered host pool: its namespace and how its pages become buffers."""
+
+    def __init__(self, name: str, host: Any, ns: bytes, replicated: bool, zero_copy: bool) -> None:
+        self.name, self.host, self.ns, self.replicated = name, host, ns, replicated
+        # slots per page in host_indices (SGLang's logical page; the physical one differs only under DCP)
+        self.page_size = int(getattr(host, "logical_page_size", None) or getattr(host, "page_size", 1) or 1)
+        self.page_bytes = _flat_page_bytes(host)
+        self.zero_copy = zero_copy and _pages_are_views(host)
+        self._plan = _BlockPlan.of(host, self.page_size, self._walk) if self.zero_copy else None
+
+    def starts(self, host_indices: Optional[torch.Tensor], n: int) -> Optional[list[int]]:
+        """First host slot of each page (host_indices are token slots), or None on a mismatch."""
+        if host_indices is None or host_indices.numel() != n * self.page_size:
+            return None
+        return host_indices[:: self.page_size].tolist()
+
+    def _walk(self, start: int) -> list[np.ndarray]:
+        return [b for t in _page_tensors(self.host, start) for b in _blocks(_np(t))]
+
+    def views(self, start: int) -> list[np.ndarray]:
+        """The page's blocks as 1-D views of the pool, in flat page order."""
+        if self._plan is not None:
+            return self._plan.blocks(start)
+        return [b.reshape(-1) for b in self._walk(start)]
+
+    def write(self, store: ChunkStore, keys: Sequence[str], starts: list[int],
+              affinity: Optional[int]) -> list[bool]:
+        if self.zero_copy:
+            bufs: list[object] = [self.views(s) for s in starts]
+        else:
+            bufs = [_np(self.host.get_data_page(s, flat=True)) for s in starts]
+        return store.put(self.ns, keys, bufs, affinity=affinity)
+
+    def read(self, store: ChunkStore, keys: Sequence[str], starts: list[int]) -> list[bool]:
+        if self.zero_copy:
+            return store.get_into(self.ns, keys, [self.views(s) for s in starts])
+        flats = [self.host.get_dummy_flat_data_page() for _ in starts]
+        ok = store.get_into(self.ns, keys, [_np(f) for f in flats])
+        for start, flat, good in zip(starts, flats, ok):
+            if good:
+                self.host.set_from_flat_data_page(start, flat)
+        return ok
