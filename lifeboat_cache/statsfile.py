@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .config import Settings, default_cache_dir
+from .cooldown import LogOnce
 from .tiers.segfile import make_dirs, write_new_file  # owner-only whatever the umask; no symlink followed
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ class StatsReporter:
         logging.getLogger("lifeboat_cache").addHandler(self._errors)
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._warned = False
+        self._write_failed = LogOnce(log)
         self.exporter = None
         if prometheus:
             from .prometheus import PrometheusExporter
@@ -150,10 +151,8 @@ class StatsReporter:
                                 self.interval_s)
                 write_new_file(self.path, json.dumps(data, separators=(",", ":")).encode(), 0o600)
             except OSError as e:
-                if not self._warned:
-                    self._warned = True
-                    log.warning("lifeboat: cannot write the stats file %s (%s); `lifeboat stats` will not "
-                                "see this process", self.path, e)
+                self._write_failed.log("write", "lifeboat: cannot write the stats file %s (%s); `lifeboat stats` "
+                                       "will not see this process", self.path, e)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
