@@ -27,7 +27,7 @@ from .metrics import Counters
 from .tiers import Tier
 
 if TYPE_CHECKING:
-    from .store import Cooldown
+    from .cooldown import Cooldown
 
 log = logging.getLogger(__name__)
 

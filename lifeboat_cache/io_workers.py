@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from typing import Any, Callable, Sequence
 
+from .cooldown import LogOnce
 from .metrics import Counters
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class IoWorkers:
         self._idle = 0
         self._seq = 0
         self._shutdown = False
-        self._capped_logged = False
+        self._capped = LogOnce(log)  # one line while every thread is busy; again after one idled
 
     @property
     def threads(self) -> int:
@@ -114,15 +115,14 @@ class IoWorkers:
             stuck = sum(1 for t in self._started.values() if now - t > self.stuck_s)
             spawn = self._idle == 0 and self._threads < min(self.max_workers, self.workers + stuck)
             if self._idle > 0:
-                self._capped_logged = False
+                self._capped.reset("capped")
             if spawn:
                 self._threads += 1
                 self._seq += 1
                 seq = self._seq
-            elif self._idle == 0 and stuck and not self._capped_logged:
-                self._capped_logged = True
-                log.warning("lifeboat: all %d io threads are busy (a tier hangs?); calls wait for their "
-                            "deadline", self._threads)
+            elif self._idle == 0 and stuck:
+                self._capped.log("capped", "lifeboat: all %d io threads are busy (a tier hangs?); calls wait for "
+                                 "their deadline", self._threads)
         if spawn:
             threading.Thread(target=self._run, name=f"{self.name}-{seq}", daemon=True).start()
         return fut

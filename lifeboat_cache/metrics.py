@@ -58,13 +58,34 @@ class Counters:
         self._ns_names: dict[bytes, dict[str, str]] = {}
         self._listeners: list[Listener] = []
 
+    def declare(self, *names: str) -> None:
+        """Start `names` at 0 (so they show in snapshots before they first move); existing ones are kept."""
+        with self._lock:
+            for name in names:
+                self._values.setdefault(name, 0)
+
     def add(self, name: str, n: int = 1) -> None:
+        """Increment `name` by n: the one way to count from several threads (`c[k] += 1` would race)."""
         with self._lock:
             self._values[name] = self._values.get(name, 0) + n
+
+    def set(self, name: str, value: int) -> None:
+        """Set a gauge-like value (e.g. the last rebuild's duration)."""
+        with self._lock:
+            self._values[name] = value
 
     def get(self, name: str) -> int:
         with self._lock:
             return self._values.get(name, 0)
+
+    def __getitem__(self, name: str) -> int:
+        """The value of a declared (or already counted) name; KeyError for any other, as a dict."""
+        with self._lock:
+            return self._values[name]
+
+    def __contains__(self, name: object) -> bool:
+        with self._lock:
+            return name in self._values
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .config import Settings, default_cache_dir
+from .cooldown import LogOnce
+from .envvars import DEFAULT_INTERVAL_S, ENV_INTERVAL, parse_interval  # noqa: F401  (re-exported)
 from .tiers.segfile import make_dirs, write_new_file  # owner-only whatever the umask; no symlink followed
 
 if TYPE_CHECKING:
@@ -34,12 +36,10 @@ log = logging.getLogger(__name__)
 
 STATS_DIR_NAME = "stats"
 STATS_FORMAT = 1
-DEFAULT_INTERVAL_S = 5.0
 #: A file updated within this many intervals is a live process.
 LIVE_INTERVALS = 3
 #: `lifeboat stats` sums processes seen within this window by default (live and recent ones).
 DEFAULT_RECENT_S = 24 * 3600.0
-ENV_INTERVAL = "LIFEBOAT_STATS_INTERVAL_S"
 #: Stats files not updated for this long are removed when a reporter starts (the directory stays small).
 KEEP_S = 30 * 86400.0
 
@@ -50,23 +50,6 @@ def stats_dir(settings: Settings) -> Path:
         if ts.paths:
             return Path(ts.paths[0]) / STATS_DIR_NAME
     return default_cache_dir() / STATS_DIR_NAME
-
-
-def parse_interval(env: dict[str, str] | None = None) -> float:
-    """LIFEBOAT_STATS_INTERVAL_S (seconds, 0.05 .. 3600); a bad value names the variable."""
-    from .config import ConfigError
-
-    raw = (os.environ if env is None else env).get(ENV_INTERVAL)
-    if raw is None or raw == "":
-        return DEFAULT_INTERVAL_S
-    try:
-        v = float(raw)
-    except ValueError:
-        raise ConfigError(f"{ENV_INTERVAL}={raw!r}: expected seconds between stats-file writes, "
-                          f"e.g. {ENV_INTERVAL}=5") from None
-    if not 0.05 <= v <= 3600:
-        raise ConfigError(f"{ENV_INTERVAL}={raw!r}: must be between 0.05 and 3600 seconds")
-    return v
 
 
 class _LastError(logging.Handler):
@@ -130,7 +113,7 @@ class StatsReporter:
         logging.getLogger("lifeboat_cache").addHandler(self._errors)
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._warned = False
+        self._write_failed = LogOnce(log)
         self.exporter = None
         if prometheus:
             from .prometheus import PrometheusExporter
@@ -150,10 +133,8 @@ class StatsReporter:
                                 self.interval_s)
                 write_new_file(self.path, json.dumps(data, separators=(",", ":")).encode(), 0o600)
             except OSError as e:
-                if not self._warned:
-                    self._warned = True
-                    log.warning("lifeboat: cannot write the stats file %s (%s); `lifeboat stats` will not "
-                                "see this process", self.path, e)
+                self._write_failed.log("write", "lifeboat: cannot write the stats file %s (%s); `lifeboat stats` "
+                                       "will not see this process", self.path, e)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -22,12 +22,14 @@ import numpy as np
 from . import codec
 from .codec import HEADER_SIZE, RecordError
 from .config import Settings, TierSettings, load_settings
+from .cooldown import Cooldown  # noqa: F401  (re-exported: `store.Cooldown` stays importable)
 from .copier import COPY_BATCH_BYTES, DEFAULT_COPY_WORKERS, Copier
 from .io_workers import Gate, IoWorkers
 from .keys import DigestCache
 from .metrics import Counters
 from .tiers import Ref, Tier, open_tier
 from .tiers.base import Auditing, Probing
+from .tracing import trace_store
 
 log = logging.getLogger(__name__)
 
@@ -37,49 +39,6 @@ IO_THREADS_PER_WORKER = 4  # the io pool grows to io_workers * this while tiers 
 DEADLINE_GRACE_S = 1.0  # after the deadline, wait at most this long for pages mid-copy into buffers
 PROBE_INTERVAL_S = 0.25  # a held (hung) tier is probed this often, from one background thread
 BATCH_WRITE_RECORDS = 256  # pages per object when the first tier stores batches (S3)
-
-
-class Cooldown:
-    """Skip a failing tier for base, 2*base, 4*base ... up to max_s seconds; reset on success.
-
-    A tier that missed a call's deadline is also *held*: skipped until a background probe gets an
-    answer from it, however long it hangs, so no later call blocks on it again.
-    """
-
-    def __init__(self, name: str, base_s: float, max_s: float) -> None:
-        self.name, self.base_s, self.max_s = name, base_s, max_s
-        self._lock = threading.Lock()
-        self._until = 0.0
-        self._streak = 0
-        self._held = False
-
-    def active(self) -> bool:
-        return self._held or time.monotonic() < self._until
-
-    def hold(self) -> None:
-        self._held = True
-
-    def release(self) -> None:
-        """The tier answered a probe: end the hold and the cooldown."""
-        with self._lock:
-            self._held = False
-            self._until = 0.0
-            self._streak = 0
-
-    def fail(self, what: str, err: BaseException) -> None:
-        with self._lock:
-            if self.active():
-                return  # already cooling down: one log line per cooldown
-            delay = min(self.max_s, self.base_s * (2 ** self._streak))
-            self._streak += 1
-            self._until = time.monotonic() + delay
-        log.warning("lifeboat: %s failed on tier %s (%s); skipping the tier for %.1f s",
-                    what, self.name, err, delay)
-
-    def ok(self) -> None:
-        if self._streak and not self.active():
-            with self._lock:
-                self._streak = 0
 
 
 def _view(buf: object) -> tuple[list[np.ndarray], int, int]:
@@ -132,7 +91,6 @@ class ChunkStore:
         # the background copy re-encodes a raw record for a lower tier that compresses
         self.tier_compress = [compresses(ts, eng.compression) for ts in self._tier_settings()]
         self.compress = self.tier_compress[0]
-        self.trace = eng.trace
         self.counters = Counters()
         self._digests = DigestCache()  # exists asks about the same keys again and again
         # reads and writes cool down separately: a full disk stops writes, not reads
@@ -152,6 +110,8 @@ class ChunkStore:
                               workers=min(DEFAULT_COPY_WORKERS, eng.io_workers),
                               recode=self._recode if not self.compress and any(self.tier_compress[1:]) else None
                               ) if len(self.tiers) > 1 else None
+        if eng.trace:  # a wrapper on this instance (tracing.py), not a flag the data path checks
+            trace_store(self, log)
 
     def _recode(self, level: int, record: bytes) -> bytes | memoryview:
         """The record as tier `level` stores it: compressed there when its rule says so."""
@@ -165,7 +125,7 @@ class ChunkStore:
         eng = self.settings.engine
         base = ts.failure_cooldown_s if ts.failure_cooldown_s is not None else eng.failure_cooldown_s
         top = ts.failure_cooldown_max_s if ts.failure_cooldown_max_s is not None else eng.failure_cooldown_max_s
-        return Cooldown(f"{tier.name} ({what})", base, top)
+        return Cooldown(f"{tier.name} ({what})", base, top, logger=log)
 
     @classmethod
     def open(cls, settings: Settings | None = None, *, background: bool = True, read_only: bool = False,
@@ -213,8 +173,6 @@ class ChunkStore:
         self.counters.observe("exists", time.perf_counter() - t0)
         self.counters.add("lookup_keys", len(keys))
         self.counters.add("lookup_hits", n)
-        if self.trace:
-            log.info("lifeboat trace: exists %d keys -> %d leading hits", len(keys), n)
         return n
 
     # ------------------------------------------------------------------ writes
@@ -306,9 +264,6 @@ class ChunkStore:
         if todo and all(results[i] for i in todo):
             cd.ok()
         self.counters.observe("set", time.perf_counter() - t0)
-        if self.trace:
-            log.info("lifeboat trace: put %d pages, %d new, %d ok in %.2f ms", len(keys), len(todo),
-                     sum(results), (time.perf_counter() - t0) * 1e3)
         return results
 
     def _put_batches(self, tier: Tier, cd: Cooldown, ns: bytes, ds: Sequence[bytes], ik: np.ndarray,
@@ -397,9 +352,6 @@ class ChunkStore:
         self.counters.add("read_misses", len(keys) - n_ok)
         self.counters.add("bytes_read", sum(sum(p.nbytes for p in views[i][0]) for i, ok in enumerate(results) if ok))
         self.counters.observe("get", time.perf_counter() - t0)
-        if self.trace:
-            log.info("lifeboat trace: get %d pages, %d hits in %.2f ms", len(keys), n_ok,
-                     (time.perf_counter() - t0) * 1e3)
         return results
 
     def _read_one(self, ns: bytes, ikey: int, digest: bytes, dst: list[np.ndarray], affinity: int = 0,

@@ -39,6 +39,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..envvars import DEFAULT_BLAS, ENV_BLAS_PRELOAD, parse_blas_preload, parse_log_level  # noqa: F401  (re-exported)
+
 log = logging.getLogger(__name__)
 
 
@@ -388,9 +390,6 @@ def run_plan(plan: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
-DEFAULT_BLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
-
-
 def child_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
     """Environment for a plan process: OpenBLAS preloaded on Linux (MLX's CPU wheel ships a reference
     BLAS ~30x slower for fp32 GEMM), plus ``extra`` (e.g. ``XDG_CACHE_HOME`` for an isolated store).
@@ -399,17 +398,11 @@ def child_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str
     import sys
 
     env = dict(os.environ if base is None else base)
-    given = env.get("LIFEBOAT_BLAS_PRELOAD")
-    if given and not os.path.isfile(given):
-        from ..config import ConfigError
-
-        raise ConfigError(f"LIFEBOAT_BLAS_PRELOAD={given!r}: no such file; point it at an OpenBLAS "
-                          f"libblas.so.3 (e.g. {DEFAULT_BLAS}) or unset it")
-    lib = given or DEFAULT_BLAS
+    lib = parse_blas_preload(env) or DEFAULT_BLAS
     if sys.platform.startswith("linux") and os.path.exists(lib):
         parts = [p for p in env.get("LD_PRELOAD", "").split() if p and p != lib]
         env["LD_PRELOAD"] = " ".join([lib, *parts])
-        env["LIFEBOAT_BLAS_PRELOAD"] = lib
+        env[ENV_BLAS_PRELOAD] = lib
     env.update(extra)
     return env
 
@@ -434,19 +427,6 @@ def run_plan_process(plan: dict[str, Any], env: dict[str, str], timeout: float =
             if proc.returncode == 0:
                 return json.loads(line[len("LIFEBOAT_RESULTS "):])
     raise RuntimeError(f"plan process failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
-
-
-def parse_log_level(env: Any) -> str:
-    """``LIFEBOAT_LOG_LEVEL`` (DEBUG, INFO, WARNING, ERROR, CRITICAL; default WARNING) for plan and demo processes.
-
-    Raises ConfigError naming the variable and the allowed values for any other value."""
-    from ..config import ConfigError
-
-    value = (env.get("LIFEBOAT_LOG_LEVEL") or "WARNING").strip().upper()
-    if value not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        raise ConfigError(f"LIFEBOAT_LOG_LEVEL={env.get('LIFEBOAT_LOG_LEVEL')!r} is invalid: allowed values are "
-                          "DEBUG, INFO, WARNING, ERROR, CRITICAL")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

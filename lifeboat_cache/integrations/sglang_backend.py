@@ -45,8 +45,10 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from ..config import ConfigError, load_settings
+from ..cooldown import RateLimitedLog
 from ..statsfile import StatsReporter
 from ..store import ChunkStore
+from ..tracing import Describer, trace_calls
 from .sglang_checks import MAX_CALL_PAGES, BadCall, check_extra_info, check_indices, check_keys, check_pages, count
 from .sglang_guard import _guarded, _no_pages, _no_transfers
 from .sglang_keys import dialog_affinity, pool_namespace
@@ -67,6 +69,60 @@ _METRIC_SAMPLES = 4096  # per-call samples kept for get_stats() between two scra
 
 def _leading(hits: Sequence[bool]) -> int:
     return hits.index(False) if False in hits else len(hits)
+
+
+# ------------------------------------------------------------------ trace (engine.trace: true)
+def _keys_arg(args: tuple, kwargs: dict) -> Sequence[Any]:
+    return args[0] if args else kwargs.get("keys", ())
+
+
+def _trace_pages(name: str) -> Describer:
+    """v1 / copying calls: keys in; per-key results (bool or page-or-None), or one bool for batch_set."""
+    def describe(args: tuple, kwargs: dict, result: Any) -> Any:
+        n = len(_keys_arg(args, kwargs))
+        if isinstance(result, bool):  # batch_set: all written, or not
+            return [(name, n, str(n) if result else "fewer")]
+        if isinstance(result, int):  # batch_exists: leading hits
+            return [(name, n, str(result))]
+        return [(name, n, str(sum(r is not None and r is not False for r in result)))]
+    return describe
+
+
+def _trace_transfers(name: str) -> Describer:
+    """v2 set / get: one line per pool, as `batch_set_v2[<pool>]`."""
+    def describe(args: tuple, kwargs: dict, result: dict) -> Any:
+        return [(f"{name}[{pool}]", len(ok), str(sum(ok))) for pool, ok in result.items()]
+    return describe
+
+
+def _trace_exists_v2(args: tuple, kwargs: dict, result: PoolTransferResult) -> Any:
+    return [("batch_exists_v2", len(_keys_arg(args, kwargs)), str(result.kv_hit_pages))]
+
+
+#: One trace line per SGLang call (`engine.trace: true`): method -> its describer (tracing.trace_calls).
+_TRACE_LINES: dict[str, Describer] = {
+    "batch_exists": _trace_pages("batch_exists"),
+    "batch_set_v1": _trace_pages("batch_set_v1"),
+    "batch_get_v1": _trace_pages("batch_get_v1"),
+    "batch_set": _trace_pages("batch_set"),  # set() goes through it
+    "batch_get": _trace_pages("batch_get"),  # get() goes through it
+    "batch_exists_v2": _trace_exists_v2,
+    "batch_set_v2": _trace_transfers("batch_set_v2"),
+    "batch_get_v2": _trace_transfers("batch_get_v2"),
+}
+#: Public methods without a line of their own, and why (a test checks every public method is in one table).
+_NOT_TRACED: dict[str, str] = {
+    "set": "one key: traced as its batch_set",
+    "get": "one key: traced as its batch_get",
+    "exists": "one key, index only: SGLang's v1 path uses batch_exists",
+    "register_mem_pool_host": "once per pool: logged by on_host_pools_registered",
+    "register_mem_host_pool_v2": "once per pool: logged by on_host_pools_registered",
+    "on_host_pools_registered": "logs each pool itself",
+    "finalize_mem_pool_registration": "alias of on_host_pools_registered",
+    "get_stats": "a metrics scrape, no I/O",
+    "clear": "not supported; logs a warning",
+    "close": "logged by the store",
+}
 
 
 def _check_indices(pool: _Pool, host_indices: Any, n: int) -> None:
@@ -98,11 +154,11 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         affinity_chunks = ours.pop("affinity_chunks", None)
         settings = load_settings(overrides=ours, overrides_source=EXTRA_CONFIG)
         self.affinity_chunks = self._affinity_chunks(affinity_chunks, settings.storage[0].affinity_chunks)
-        self.trace = settings.engine.trace  # one line per SGLang call, so the store's own trace is off
+        self.trace = settings.engine.trace  # one line per SGLang call (_TRACE_LINES): the store's own is off
         self.model_id = settings.model_id or storage_config.model_name or ""
         self.key_namespace = settings.key_namespace
-        self._quiet_s = settings.engine.failure_cooldown_max_s
-        self._quiet_until = 0.0
+        # a call that did nothing is logged at most once per failure_cooldown_max_s (_failed)
+        self._fail_log = RateLimitedLog(settings.engine.failure_cooldown_max_s, log)
         self.zero_copy = parse_zero_copy(os.environ)  # same rule as the launch check; bad value: ConfigError
         if storage_config.extra_config is not None:  # SGLang reads it after construction to pick v1
             storage_config.extra_config["interface_v1"] = int(
@@ -117,6 +173,8 @@ class LifeboatHiCacheStorage(HiCacheStorage):
             settings, engine=dataclasses.replace(settings.engine, trace=False)))
         self.reporter = StatsReporter(self.store, role="sglang-hicache",  # stats file + lifeboat_* metrics
                                       labels={"model": self.model_id, "rank": storage_config.tp_rank})
+        if self.trace:
+            trace_calls(self, _TRACE_LINES, log)
         self._closed = False
         log.info("lifeboat: HiCache L3 backend (tp %d/%d, pp %d/%d, %s, %s) on %s",
                  storage_config.tp_rank, storage_config.tp_size, storage_config.pp_rank,
@@ -171,10 +229,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
     @_guarded(lambda *a, **k: 0)
     def batch_exists(self, keys: list[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         check_keys(keys)
-        t0 = time.perf_counter()
-        n = self.store.count_leading_hits(self._pool(PoolName.KV).ns, keys)
-        self._trace("batch_exists", t0, len(keys), n)
-        return n
+        return self.store.count_leading_hits(self._pool(PoolName.KV).ns, keys)
 
     @_guarded(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
@@ -205,7 +260,6 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         t0 = time.perf_counter()
         ok = self.store.put(pool.ns, keys, [_np(v.contiguous()) for v in values])
         self._record("backup", t0, sum(ok), pool.page_bytes)
-        self._trace("batch_set", t0, len(keys), sum(ok))
         return all(ok)
 
     @_guarded(lambda keys=None, *a, **k: [None] * count(keys))
@@ -217,7 +271,6 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         t0 = time.perf_counter()
         ok = self.store.get_into(pool.ns, keys, [_np(t) for t in target_locations])
         self._record("prefetch", t0, _leading(ok), pool.page_bytes)
-        self._trace("batch_get", t0, len(keys), sum(ok))
         return [t if good else None for t, good in zip(target_locations, ok)]
 
     @_guarded(lambda *a, **k: False)
@@ -243,7 +296,6 @@ class LifeboatHiCacheStorage(HiCacheStorage):
                 raise BadCall(f"pool_transfers: expected PoolTransfer items, got {type(t).__name__}")
             if t.keys is not None:
                 check_keys(t.keys, "pool_transfers[].keys")
-        t0 = time.perf_counter()
         kv = _leading(self.store.contains(self._pool(PoolName.KV).ns, keys))
         hits: dict[Any, int] = {PoolName.KV: kv} if kv else {}
         ok = np.arange(kv + 1) >= 1  # ok[p]: a prefix of p pages is restorable
@@ -254,7 +306,6 @@ class LifeboatHiCacheStorage(HiCacheStorage):
             ok &= pool_ok
         restorable = np.flatnonzero(ok).tolist()
         final = restorable[-1] if restorable else 0
-        self._trace("batch_exists_v2", t0, len(keys), final)
         return PoolTransferResult(final, hits, restorable)
 
     def _restorable(self, t: PoolTransfer, keys: list[str]) -> np.ndarray:
@@ -307,7 +358,6 @@ class LifeboatHiCacheStorage(HiCacheStorage):
             return [True] * len(keys)  # replicated pages are written once, by the writer rank
         ok = pool.write(self.store, keys, starts, self._affinity(keys, extra_info))
         self._record("backup", t0, sum(ok), pool.page_bytes)
-        self._trace(what, t0, len(keys), sum(ok))
         return ok
 
     def _read(self, pool: _Pool, keys: Sequence[str], host_indices: Optional[torch.Tensor],
@@ -318,7 +368,6 @@ class LifeboatHiCacheStorage(HiCacheStorage):
             return [False] * len(keys)
         ok = pool.read(self.store, keys, starts)
         self._record("prefetch", t0, _leading(ok), pool.page_bytes)
-        self._trace(what, t0, len(keys), sum(ok))
         return ok
 
     @staticmethod
@@ -333,10 +382,6 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         return dialog_affinity(keys, getattr(extra_info, "prefix_keys", None), self.affinity_chunks)
 
     # ------------------------------------------------------------------ observability, lifecycle
-    def _trace(self, what: str, t0: float, n: int, hits: int) -> None:
-        if self.trace:
-            log.info("lifeboat trace: %s %d keys -> %d in %.2f ms", what, n, hits, (time.perf_counter() - t0) * 1e3)
-
     def _record(self, kind: str, t0: float, pages: int, page_bytes: int) -> None:
         dt = time.perf_counter() - t0
         with self._metrics_lock:
@@ -348,12 +393,9 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         try:
             bad = isinstance(err, BadCall)
             self.store.counters.add("sglang_bad_calls" if bad else "sglang_call_errors")
-            now = time.monotonic()
-            if now >= self._quiet_until:
-                self._quiet_until = now + self._quiet_s
-                log.warning("lifeboat: %s %s (%s: %s); it did nothing. Next report in %.0f s at the earliest",
-                            what, "called with bad arguments" if bad else "failed", type(err).__name__,
-                            str(err)[:300], self._quiet_s, exc_info=not bad)
+            self._fail_log.log("", "lifeboat: %s %s (%s: %s); it did nothing. Next report in %.0f s at the "
+                               "earliest", what, "called with bad arguments" if bad else "failed",
+                               type(err).__name__, str(err)[:300], self._fail_log.interval_s, exc_info=not bad)
         except Exception:  # noqa: BLE001 - reporting must not raise into SGLang either
             pass
 

@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional
 
 from ..config import ConfigError
+from ..envvars import (  # noqa: F401  (the LIFEBOAT_SGLANG_* parsers live in envvars.py; re-exported here)
+    ENV_ENABLE, ENV_HOST_GB, ENV_PAGE_SIZE, ENV_STAGING_TOKENS, ENV_WRITE_POLICY, ENV_ZERO_COPY, WRITE_POLICIES,
+    HostGbSetting, _raw, parse_enable, parse_host_gb, parse_page_size, parse_staging_tokens, parse_write_policy,
+    parse_zero_copy)
 
 GB = 10**9
 GIB = 1 << 30
-
-# Environment variables (the user-facing names; docs/sglang.md lists them).
-ENV_ENABLE = "LIFEBOAT_CACHE"
-ENV_PAGE_SIZE = "LIFEBOAT_SGLANG_PAGE_SIZE"
-ENV_STAGING_TOKENS = "LIFEBOAT_SGLANG_STAGING_TOKENS"
-ENV_HOST_GB = "LIFEBOAT_SGLANG_HOST_GB"
-ENV_WRITE_POLICY = "LIFEBOAT_SGLANG_WRITE_POLICY"
-ENV_ZERO_COPY = "LIFEBOAT_SGLANG_ZERO_COPY"
 
 DEFAULT_PAGE_SIZE = 64
 DEFAULT_STAGING_TOKENS = 1024
@@ -36,7 +32,6 @@ DEFAULT_HOST_MIN_GB = 2
 DEFAULT_HOST_MAX_GB = 16
 AUTO_GPU_MULTIPLE = 2
 HOST_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
-WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 SGLANG_STAGING_PAGE_CHUNK = 64  # SGLang 0.5.23 `_WRITE_BACK_STAGING_PAGE_CHUNK` (pages)
 
 # The storage backend LifeboatCache registers through SGLang's `dynamic` factory.
@@ -49,88 +44,6 @@ BACKEND_EXTRA_CONFIG: Mapping[str, Any] = {
     "class_name": BACKEND_CLASS,
     "interface_v1": 1,
 }
-
-HostGbSetting = Union[int, str, None]  # None: default rule; "auto"; or whole GB per rank
-
-
-# --------------------------------------------------------------------------------------------
-# Environment parsing: every error names the variable and the allowed values, because the launch
-# stops on it and the message is all the user sees.
-# --------------------------------------------------------------------------------------------
-
-
-def _raw(env: Mapping[str, str], name: str) -> Optional[str]:
-    """Value of `name`, or None when unset or blank (a blank export means 'not set')."""
-    value = env.get(name)
-    if value is None or not value.strip():
-        return None
-    return value.strip()
-
-
-def _as_positive_int(name: str, value: str, allowed: str) -> int:
-    """int(value) > 0, else a ConfigError naming the variable and the `allowed` values."""
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number <= 0:
-        raise ConfigError(f"{name}={value!r} is invalid: allowed values are {allowed}")
-    return number
-
-
-def _positive_int(env: Mapping[str, str], name: str, what: str) -> Optional[int]:
-    value = _raw(env, name)
-    return None if value is None else _as_positive_int(name, value, f"a positive whole number ({what})")
-
-
-def parse_enable(env: Mapping[str, str]) -> bool:
-    """`LIFEBOAT_CACHE`: "1" turns LifeboatCache on for a launch, "0" or unset leaves it off."""
-    value = _raw(env, ENV_ENABLE)
-    if value is None or value == "0":
-        return False
-    if value == "1":
-        return True
-    raise ConfigError(f"{ENV_ENABLE}={value!r} is invalid: allowed values are '1' (on) and '0' (off)")
-
-
-def parse_page_size(env: Mapping[str, str]) -> Optional[int]:
-    """`LIFEBOAT_SGLANG_PAGE_SIZE`: the default page size in tokens when the launch gives none."""
-    return _positive_int(env, ENV_PAGE_SIZE, "tokens per page, e.g. 64")
-
-
-def parse_staging_tokens(env: Mapping[str, str]) -> Optional[int]:
-    """`LIFEBOAT_SGLANG_STAGING_TOKENS`: bound of SGLang's GPU write-back staging buffer."""
-    return _positive_int(env, ENV_STAGING_TOKENS, "tokens, e.g. 1024")
-
-
-def parse_host_gb(env: Mapping[str, str]) -> HostGbSetting:
-    """`LIFEBOAT_SGLANG_HOST_GB`: whole GB per rank, or 'auto'; None means the default rule."""
-    value = _raw(env, ENV_HOST_GB)
-    if value is None:
-        return None
-    if value.lower() == "auto":
-        return "auto"
-    return _as_positive_int(ENV_HOST_GB, value, "a positive whole number of GB per rank (e.g. 64) or 'auto'")
-
-
-def parse_write_policy(env: Mapping[str, str]) -> Optional[str]:
-    """`LIFEBOAT_SGLANG_WRITE_POLICY`: replaces the launch's `--hicache-write-policy` when set."""
-    value = _raw(env, ENV_WRITE_POLICY)
-    if value is None:
-        return None
-    if value not in WRITE_POLICIES:
-        raise ConfigError(f"{ENV_WRITE_POLICY}={value!r} is invalid: allowed values are {', '.join(WRITE_POLICIES)}")
-    return value
-
-
-def parse_zero_copy(env: Mapping[str, str]) -> bool:
-    """`LIFEBOAT_SGLANG_ZERO_COPY`: "1" (default) zero-copy page I/O, "0" SGLang's copying interface."""
-    value = _raw(env, ENV_ZERO_COPY)
-    if value is None or value == "1":
-        return True
-    if value == "0":
-        return False
-    raise ConfigError(f"{ENV_ZERO_COPY}={value!r} is invalid: allowed values are '1' (zero-copy, default) and '0'")
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
 from sglang.srt.mem_cache.unified_cache.components import ComponentType
 
 from ..config import ConfigError, Settings, load_settings
+from ..envvars import DEFAULT_REBUILD_WAIT_S, ENV_REBUILD_WAIT, parse_rebuild_wait  # noqa: F401  (re-exported)
 from ..runtimes.mlx import (CHUNK_TOKENS, MlxChunkEngine, ModelFingerprint, drain_at_exit, mx_dtype_name,
                              weights_identity)
 from ..runtimes.mlx_hybrid import HybridState
@@ -38,8 +39,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ENV_REBUILD_WAIT = "LIFEBOAT_MLX_REBUILD_WAIT_S"
-DEFAULT_REBUILD_WAIT_S = 10.0
 EXIT_DRAIN_S = 10.0  # a clean exit writes the queued chunks for at most this long
 
 
@@ -89,24 +88,6 @@ def resolve_model_dir(runner: Any, model_path: str) -> str:
     from sglang.srt.hardware_backend.mlx.remote_code_gate import resolve_model_directory
 
     return str(resolve_model_directory(model_path, revision=getattr(runner, "revision", None)))
-
-
-def parse_rebuild_wait(env: Any) -> float:
-    """`LIFEBOAT_MLX_REBUILD_WAIT_S`: seconds the launch waits for the store's index (0 .. 3600).
-
-    Raises ConfigError naming the variable and the allowed values when it is not such a number.
-    """
-    raw = (env.get(ENV_REBUILD_WAIT) or "").strip()
-    if not raw:
-        return DEFAULT_REBUILD_WAIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 3600.0:
-        raise ConfigError(f"{ENV_REBUILD_WAIT}={raw!r} is invalid: allowed values are seconds from 0 to 3600 "
-                          f"(default {DEFAULT_REBUILD_WAIT_S:.0f}), e.g. {ENV_REBUILD_WAIT}=30")
-    return value
 
 
 def _fallback(ctx: "TreeCacheBuildContext", why: str) -> BasePrefixCache:

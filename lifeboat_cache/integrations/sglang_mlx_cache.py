@@ -46,6 +46,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
+from ..cooldown import RateLimitedLog
 from ..runtimes.mlx import ChunkRead, MlxChunkEngine, gather_chunks, gather_request_rows, settle_pool
 from ..runtimes.mlx_hybrid import HybridState
 
@@ -58,20 +59,7 @@ HYBRID_CONCURRENCY_MESSAGE = (
     "LifeboatCache serves hybrid (linear-attention / mamba) models on MLX one request at a time; "
     "another request is running. Retry when it finishes, or send requests sequentially."
 )
-_LOG_EVERY_S = 30.0
-
-
-class _LogGate:
-    """One warning per interval per topic: storage trouble must not flood the scheduler's log."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-
-    def warn(self, topic: str, msg: str, *args: Any, exc_info: bool = False) -> None:
-        now = time.monotonic()
-        if now - self._last.get(topic, -1e9) >= _LOG_EVERY_S:
-            self._last[topic] = now
-            log.warning(msg, *args, exc_info=exc_info)
+_LOG_EVERY_S = 30.0  # one warning per topic per interval: trouble must not flood the scheduler's log
 
 
 class LifeboatMlxRadixCache(UnifiedRadixCache):
@@ -85,7 +73,7 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
         self._runner = tp_worker._mlx_runner
         self.hybrid = hybrid
         self._active_hybrid: set[str] = set()
-        self._gate = _LogGate()
+        self._gate = RateLimitedLog(_LOG_EVERY_S, log)
 
     # ------------------------------------------------------------------ plumbing
     def _pool(self) -> Any | None:
@@ -121,8 +109,8 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
             self._prefetch(req)
         except Exception:
             self.lifeboat.counters.add("mlx_arrival_errors")
-            self._gate.warn("arrival", "lifeboat: arrival read failed; the request is served without it",
-                            exc_info=True)
+            self._gate.log("arrival", "lifeboat: arrival read failed; the request is served without it",
+                           exc_info=True)
 
     def _prefetch(self, req: "Req") -> None:
         if self.disable or req.finished() or getattr(req, "positional_embed_overrides", None) is not None:
@@ -161,8 +149,8 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
             extended = self._extend_from_store(params, result)
         except Exception:
             self.lifeboat.counters.add("mlx_extend_errors")
-            self._gate.warn("extend", "lifeboat: extending a prefix from the store failed; serving the "
-                            "in-memory match", exc_info=True)
+            self._gate.log("extend", "lifeboat: extending a prefix from the store failed; serving the "
+                           "in-memory match", exc_info=True)
             extended = None
         if self.hybrid is not None:
             self._copy_matched_state(params.req)
@@ -311,8 +299,8 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
                 self._capture(req, up_to)
             except Exception:
                 self.lifeboat.counters.add("mlx_capture_errors")
-                self._gate.warn("capture", "lifeboat: copying a finished request's chunks failed; they "
-                                "are not persisted", exc_info=True)
+                self._gate.log("capture", "lifeboat: copying a finished request's chunks failed; they "
+                               "are not persisted", exc_info=True)
         super().checkpoint(req, up_to=up_to, **kwargs)
 
     def _computed_len(self, req: "Req") -> int:

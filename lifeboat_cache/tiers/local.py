@@ -100,7 +100,7 @@ class LocalTier(Tier, Auditing, Describing, SegmentDirs):
         out["rebuilt"] = all(d.rebuilt for d in self.dirs)
         counters: dict[str, int] = {}
         for d in self.dirs:
-            for k, v in d.counters.items():
+            for k, v in d.counters.snapshot().items():
                 counters[k] = counters.get(k, 0) + v
         out.update(counters)
         return out

@@ -62,7 +62,7 @@ class NfsSegmentDir(SegmentDir):
         self._seen: dict[str, tuple[tuple[int, int], float]] = {}
         self._abandoned: set[str] = set()
         self._last_beat = 0.0
-        self.counters.update(foreign_unsealed=0, foreign_abandoned=0, foreign_revived=0, stale_handles=0)
+        self.counters.declare("foreign_unsealed", "foreign_abandoned", "foreign_revived", "stale_handles")
 
     def _same_host(self, unit: _Unit) -> bool:
         parsed = parse_name(unit.name)
@@ -152,13 +152,13 @@ class NfsSegmentDir(SegmentDir):
             return
         abandoned = now - prev[1] >= self.stale_unsealed_s
         if not (abandoned or self._writer_dead_here(unit)):
-            self.counters["foreign_unsealed"] += 1
+            self.counters.add("foreign_unsealed")
             return
         self._fresh_fd(unit)
         super()._scan(unit)  # CRC-checked walk up to the torn tail
         if abandoned and not unit.sealed:
             self._abandoned.add(unit.name)  # probed again only when the listing shows a change
-            self.counters["foreign_abandoned"] += 1
+            self.counters.add("foreign_abandoned")
             log.info("lifeboat: %s: segment %s unchanged for %.0f s, unsealed; serving it up to byte %d",
                      self.path, unit.name, now - prev[1], unit.scanned)
 
@@ -169,7 +169,7 @@ class NfsSegmentDir(SegmentDir):
         self._abandoned.discard(unit.name)
         self._fresh_fd(unit)
         unit.walked = -1  # what it has now is read afresh (trailer, or a walk once abandoned again)
-        self.counters["foreign_revived"] += 1
+        self.counters.add("foreign_revived")
         log.info("lifeboat: %s: abandoned segment %s %s; indexing its new pages", self.path, unit.name, why)
 
     def _write_trailer(self, fd: int, at: int, entries: Sequence[Entry]) -> int:
@@ -186,7 +186,7 @@ class NfsSegmentDir(SegmentDir):
             unit = self._units.get(loc.unit)
         if unit is not None:
             self._drop(unit)
-        self.counters["stale_handles"] += 1
+        self.counters.add("stale_handles")
         return False
 
 

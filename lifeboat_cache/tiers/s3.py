@@ -60,6 +60,7 @@ import numpy as np
 
 from ..codec import raw_length
 from ..config import DEFAULT_DEADLINE_S, DEFAULT_IO_WORKERS, TierSettings
+from ..cooldown import LogOnce
 from ..index import Index, Loc
 from ..metrics import Counters
 from .base import Describing, ObjectPurging, Probing, Ref, SingleIndexTier
@@ -211,7 +212,7 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging):
         self._newest_ms = 0
         self._listed_ok = False
         self._last_full = 0.0
-        self._list_failing = False
+        self._list_failing = LogOnce(log)  # one line per outage, not one per refresh
         self._tag = _writer_tag()
         self._closed = threading.Event()
         self._wake = threading.Event()
@@ -280,17 +281,14 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging):
             self._full_refresh() if full else self._incremental_refresh()
         except OSError as e:
             self.counters.add("list_errors")
-            if not self._list_failing:  # one line per outage, not one per refresh
-                log.warning("lifeboat: listing %s failed (%s); retrying every %.0f s", self.name, e,
-                            self.refresh_interval_s)
-            self._list_failing = True
+            self._list_failing.log("list", "lifeboat: listing %s failed (%s); retrying every %.0f s", self.name, e,
+                                   self.refresh_interval_s)
             return
         except Exception:
             log.exception("lifeboat: index refresh of %s failed", self.name)
             return
-        if self._list_failing:
+        if self._list_failing.reset("list"):
             log.info("lifeboat: listing %s works again", self.name)
-        self._list_failing = False
 
     def _full_refresh(self) -> None:
         """List everything, indexing each listing page as it arrives (pages are served meanwhile);

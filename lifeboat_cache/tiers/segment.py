@@ -28,8 +28,10 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..codec import raw_length
+from ..cooldown import LogOnce
 from ..index import Index, Loc
 from ..keys import index_key
+from ..metrics import Counters
 from . import compaction
 from . import inspection
 from . import quarantine as qlist
@@ -135,7 +137,7 @@ class SegmentDir:
         self._tag = _writer_tag()  # module-level name: tests pretend to be another host
         self._token = process_token()
         self._quarantine: set[tuple[str, int]] = set()
-        self._logged: set[str] = set()
+        self._logged = LogOnce(log)
         self._closed = threading.Event()
         self._rebuilt = threading.Event()
         self._thread: threading.Thread | None = None
@@ -148,12 +150,13 @@ class SegmentDir:
         self._batch_owner: int | None = None  # thread id of the rebuild while it batches
         self._batch: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._batch_n = self._batched = 0
-        self.counters: dict[str, int] = {
-            "change_catch_ups": 0,
-            "scan_records": 0, "scan_torn": 0, "scan_damaged_bytes": 0, "evicted_segments": 0,
-            "evicted_bytes": 0, "sealed_segments": 0, "seal_failures": 0, "rebuild_ms": 0,
-            "foreign_files": 0, "quarantine_bad_lines": 0, "snapshot_discarded": 0,
-            "snapshot_dropped_entries": 0, "snapshot_mismatched_units": 0}
+        self.counters = Counters()  # updated from the index thread, writers and the store's io threads
+        self.counters.declare(
+            "change_catch_ups",
+            "scan_records", "scan_torn", "scan_damaged_bytes", "evicted_segments",
+            "evicted_bytes", "sealed_segments", "seal_failures", "rebuild_ms",
+            "foreign_files", "quarantine_bad_lines", "snapshot_discarded",
+            "snapshot_dropped_entries", "snapshot_mismatched_units")
         if not read_only:
             self._check_writable()
             self._open_changes()  # a read-only open (stats, ls, verify) neither creates nor polls it
@@ -192,10 +195,8 @@ class SegmentDir:
         except OSError:
             return 0
 
-    def _log_once(self, key: str, msg: str, *args: object) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(msg, *args)
+    def _log_once(self, key: str, msg: str, *args: object) -> bool:
+        return self._logged.log(key, msg, *args)
 
     # ------------------------------------------------------------------ open / rebuild
     def open(self, background: bool = True) -> None:
@@ -229,7 +230,7 @@ class SegmentDir:
                 self._flush_batch()
             finally:
                 self._batch_owner = None
-        self.counters["rebuild_ms"] = int((time.perf_counter() - t0) * 1000)
+        self.counters.set("rebuild_ms", int((time.perf_counter() - t0) * 1000))
         self._rebuilt.set()
         log.info("lifeboat: %s index rebuilt: %d pages in %d ms", self.path, len(self.index),
                  self.counters["rebuild_ms"])
@@ -270,7 +271,7 @@ class SegmentDir:
         listing = now[1] != self._seen_changes[1]
         self._seen_changes = now  # before scanning: a change during the scan is seen next time
         self._last_change = time.monotonic()
-        self.counters["change_catch_ups"] += 1
+        self.counters.add("change_catch_ups")
         if listing:
             self._refresh(initial=False)
             return
@@ -325,9 +326,8 @@ class SegmentDir:
         return out
 
     def _foreign(self, name: str, why: str) -> None:
-        if f"foreign:{name}" not in self._logged:
-            self.counters["foreign_files"] += 1
-        self._log_once(f"foreign:{name}", "lifeboat: %s: ignoring %s (%s)", self.path, name, why)
+        if self._log_once(f"foreign:{name}", "lifeboat: %s: ignoring %s (%s)", self.path, name, why):
+            self.counters.add("foreign_files")
 
     def _refresh(self, initial: bool) -> None:
         """Reconcile the unit table with the directory listing and index what is new."""
@@ -414,15 +414,15 @@ class SegmentDir:
             keys = np.array([index_key(e[0]) for e in w.entries], np.int64)
             offs = np.array([e[1] for e in w.entries], np.uint64)
             lens = np.array([e[2] for e in w.entries], np.uint32)
-            self.counters["scan_records"] += self._index_entries(unit, keys, offs, lens)
+            self.counters.add("scan_records", self._index_entries(unit, keys, offs, lens))
         new_damage = [d for d in w.damaged if d not in unit.damaged]
         if new_damage:
-            self.counters["scan_torn"] += len(new_damage)
-            self.counters["scan_damaged_bytes"] += sum(n for _, n in new_damage)
+            self.counters.add("scan_torn", len(new_damage))
+            self.counters.add("scan_damaged_bytes", sum(n for _, n in new_damage))
             unit.damaged.extend(new_damage)
 
     def _index_table(self, unit: _Unit, table: np.ndarray, size: int) -> None:
-        self.counters["scan_records"] += self._index_entries(unit, table["key"], table["offset"], table["length"])
+        self.counters.add("scan_records", self._index_entries(unit, table["key"], table["offset"], table["length"]))
         unit.scanned = unit.size = unit.walked = size
         unit.sealed = True
         unit.damaged = []
@@ -641,10 +641,10 @@ class SegmentDir:
             if self.fsync:
                 os.fdatasync(w.fd)
             unit.size = unit.scanned = unit.walked = size
-            self.counters["sealed_segments"] += 1
+            self.counters.add("sealed_segments")
             self._changed(segments=True)
         except OSError as e:
-            self.counters["seal_failures"] += 1
+            self.counters.add("seal_failures")
             self._log_once(f"seal:{e.errno}", "lifeboat: sealing %s failed (%s); its records stay indexed, the "
                                               "seal is retried (and the next open walks it)", unit.path, e)
             try:
@@ -678,7 +678,7 @@ class SegmentDir:
                     os.ftruncate(fd, end)
                     size = self._write_trailer(fd, end, entries)
                     unit.size = unit.scanned = unit.walked = size
-                    self.counters["sealed_segments"] += 1
+                    self.counters.add("sealed_segments")
                 except OSError:
                     try:
                         os.ftruncate(fd, end)
@@ -797,8 +797,8 @@ class SegmentDir:
                 return freed
             self._drop(victim)
             freed += victim.size
-            self.counters["evicted_segments"] += 1
-            self.counters["evicted_bytes"] += victim.size
+            self.counters.add("evicted_segments")
+            self.counters.add("evicted_bytes", victim.size)
 
     def _evictable(self, unit: _Unit) -> bool:
         """Sealed segments only: another process's open segment is never unlinked (nfs widens this)."""
@@ -859,7 +859,7 @@ class SegmentDir:
             return
         self._quarantine |= entries
         if bad:
-            self.counters["quarantine_bad_lines"] += bad
+            self.counters.add("quarantine_bad_lines", bad)
             self._log_once("quarantine-bad", "lifeboat: %s: ignored %d bad line(s) of %s", self.path, bad,
                            qlist.QUARANTINE_NAME)
 
@@ -908,7 +908,7 @@ class SegmentDir:
             listing = self._list()
         except (snap.SnapshotError, OSError) as e:  # a bad snapshot is only a slower start
             if not (self.read_only and isinstance(e, FileNotFoundError)):
-                self.counters["snapshot_discarded"] += 1
+                self.counters.add("snapshot_discarded")
                 self._log_once("snapshot", "lifeboat: ignoring index snapshot in %s (%s); rescanning", self.path, e)
             return
         idmap: dict[int, _Unit] = {}
@@ -934,7 +934,7 @@ class SegmentDir:
             lookup = np.array([idmap[int(i)].id for i in old_ids], np.uint32)
             new_ids[hit] = lookup[posc[hit]]
         s.dropped += int((new_ids == 0).sum())
-        self.counters["snapshot_dropped_entries"] += s.dropped
+        self.counters.add("snapshot_dropped_entries", s.dropped)
         by_unit = {u.id: u for u in idmap.values()}
         groups = _groups(new_ids)
         if self._quarantine:
@@ -977,7 +977,7 @@ class SegmentDir:
                 tables[unit.id] = table
         self._flush_batch()  # the snapshot's entries of a bad unit must be in the index to be dropped
         for unit in bad:
-            self.counters["snapshot_mismatched_units"] += 1
+            self.counters.add("snapshot_mismatched_units")
             self.index.drop_unit(unit.id)
             unit.sealed, unit.scanned, unit.walked = False, 0, -1  # the refresh scans it afresh
         if bad:

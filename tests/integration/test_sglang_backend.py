@@ -520,6 +520,33 @@ def test_trace_logs_one_line_per_call(tmp_path, caplog):
     b.close()
 
 
+def test_trace_lines_of_v2_and_copying_calls(tmp_path, caplog):
+    """The backend's _TRACE_LINES: one line per pool of a v2 call, and the copying interface's calls."""
+    _, host = mha_pools("page_first")
+    keys = page_keys(_tokens(8), 4)
+    slots = host.alloc(32)
+    fill_random(host, slots, seed=9)
+    pages = [host.get_data_page(int(i), flat=True) for i in slots[::4]]
+    b = _backend(tmp_path, host, trace=True)
+    with caplog.at_level(logging.INFO, logger="lifeboat_cache"):
+        caplog.clear()
+        b.batch_set_v2([PoolTransfer(name=PoolName.KV, host_indices=slots, keys=keys)])
+        assert b.batch_exists_v2(keys + ["absent"]).kv_hit_pages == 8
+        b.batch_get_v2([PoolTransfer(name=PoolName.KV, host_indices=slots[:20], keys=keys[:5])])
+        assert b.batch_set(["copied"], [pages[0]]) is True
+        b.batch_get(["copied", "absent"], [torch.zeros_like(pages[0]), torch.zeros_like(pages[0])])
+        b.batch_exists(keys)  # 8 leading hits
+    lines = [r.getMessage().rsplit(" in ", 1)[0] for r in caplog.records
+             if r.getMessage().startswith("lifeboat trace:")]
+    assert lines == [f"lifeboat trace: batch_set_v2[{PoolName.KV}] 8 keys -> 8",
+                     "lifeboat trace: batch_exists_v2 9 keys -> 8",
+                     f"lifeboat trace: batch_get_v2[{PoolName.KV}] 5 keys -> 5",
+                     "lifeboat trace: batch_set 1 keys -> 1",
+                     "lifeboat trace: batch_get 2 keys -> 1",
+                     "lifeboat trace: batch_exists 8 keys -> 8"], lines
+    b.close()
+
+
 # ------------------------------------------------------------------ pools whose pages are not views
 @pytest.mark.parametrize("pools", [mha_pools, mla_pools], ids=["mha", "mla"])
 def test_pages_that_are_not_views_are_refused_zero_copy_and_never_raise(tmp_path, caplog, pools):

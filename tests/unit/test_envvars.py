@@ -1,0 +1,101 @@
+"""envvars.py: every LIFEBOAT_* variable read anywhere in the package is in VARIABLES and in the docs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from lifeboat_cache import envvars, statsfile
+from lifeboat_cache.config import ConfigError, find_config_file
+from lifeboat_cache.integrations import sglang_launch_rules as rules
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "lifeboat_cache"
+DOCS = ROOT / "docs" / "operating.md"
+# a name, not a prefix such as `LIFEBOAT_SGLANG_*` (the lookahead refuses a name cut short)
+NAME = re.compile(r"\bLIFEBOAT_[A-Z0-9_]+(?![A-Z0-9_*])")
+# printed line prefixes (a child process's results), never read from the environment
+OUTPUT_PREFIXES = {"LIFEBOAT_DEMO", "LIFEBOAT_RESULTS"}
+
+
+def _source_names() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for p in sorted(PKG.rglob("*.py")):
+        for name in NAME.findall(p.read_text()):
+            out.setdefault(name, []).append(str(p.relative_to(ROOT)))
+    return out
+
+
+def _doc_rows() -> dict[str, str]:
+    """name -> default cell of the docs/operating.md environment table (backticks dropped)."""
+    text = DOCS.read_text()
+    section = text[text.index("## Environment variables"):]
+    rows = {}
+    for m in re.finditer(r"^\| `(LIFEBOAT_[A-Z0-9_]+)` \| ([^|]*) \|", section, re.M):
+        rows[m.group(1)] = m.group(2).replace("`", "").strip()
+    return rows
+
+
+def test_every_variable_in_the_source_is_in_the_table() -> None:
+    found = _source_names()
+    for prefix in OUTPUT_PREFIXES:  # they really are printed prefixes, not variables
+        assert prefix in found, f"{prefix} is gone: drop it from OUTPUT_PREFIXES"
+        for rel in found[prefix]:
+            text = (ROOT / rel).read_text()
+            assert not re.search(rf"(environ|env)(\.get\(|\[)\s*['\"]{prefix}", text), f"{rel} reads {prefix}"
+    names = set(found) - OUTPUT_PREFIXES
+    table = {v.name for v in envvars.VARIABLES}
+    assert names - table == set(), f"read in the source but missing from envvars.VARIABLES: {names - table}"
+    assert table - names == set(), f"in envvars.VARIABLES but read nowhere: {table - names}"
+    assert len(table) == len(envvars.VARIABLES), "a variable is listed twice"
+
+
+def test_every_variable_is_documented_with_its_default() -> None:
+    rows = _doc_rows()
+    for v in envvars.VARIABLES:
+        assert v.name in rows, f"docs/operating.md, Environment variables: no row for {v.name}"
+        assert rows[v.name] == v.default, f"{v.name}: docs say default {rows[v.name]!r}, the table {v.default!r}"
+        assert v.what, v.name
+    assert set(rows) == {v.name for v in envvars.VARIABLES}, "docs list a variable envvars.VARIABLES lacks"
+
+
+def test_every_parser_accepts_an_unset_variable(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./lifeboat.yaml to find
+    for v in envvars.VARIABLES:
+        v.parse({})  # unset: the default, never an error
+    assert envvars.parse_interval({}) == envvars.DEFAULT_INTERVAL_S
+    assert envvars.parse_rebuild_wait({}) == envvars.DEFAULT_REBUILD_WAIT_S
+    assert envvars.parse_log_level({}) == envvars.DEFAULT_LOG_LEVEL
+    assert envvars.parse_blas_preload({}) is None
+    assert envvars.parse_zero_copy({envvars.ENV_ZERO_COPY: "  "}) is True  # blank counts as unset
+
+
+@pytest.mark.parametrize("v", envvars.VARIABLES, ids=lambda v: v.name)
+def test_a_bad_value_names_the_variable(v) -> None:
+    bad = {envvars.ENV_CONFIG: "/nonexistent/lifeboat.yaml", envvars.ENV_BLAS_PRELOAD: "/nonexistent/libblas.so.3",
+           envvars.ENV_HOST_GB: "lots"}.get(v.name, "-7x")
+    with pytest.raises(ConfigError) as e:
+        v.parse({v.name: bad})
+    assert str(e.value).startswith(f"{v.name}=") and bad in str(e.value), str(e.value)
+
+
+def test_old_homes_re_export_the_same_parsers() -> None:
+    assert rules.parse_enable is envvars.parse_enable and rules.parse_host_gb is envvars.parse_host_gb
+    assert rules.parse_zero_copy is envvars.parse_zero_copy and rules.WRITE_POLICIES is envvars.WRITE_POLICIES
+    assert (rules.ENV_ENABLE, rules.ENV_PAGE_SIZE) == (envvars.ENV_ENABLE, envvars.ENV_PAGE_SIZE)
+    assert statsfile.parse_interval is envvars.parse_interval and statsfile.ENV_INTERVAL == envvars.ENV_INTERVAL
+    assert statsfile.DEFAULT_INTERVAL_S == envvars.DEFAULT_INTERVAL_S
+    assert envvars.find_config_file is find_config_file
+    from lifeboat_cache.demo import mlx_serving
+
+    assert mlx_serving.parse_log_level is envvars.parse_log_level and mlx_serving.DEFAULT_BLAS == envvars.DEFAULT_BLAS
+
+
+def test_sglang_mlx_re_exports_the_rebuild_wait_parser() -> None:
+    pytest.importorskip("sglang")
+    from lifeboat_cache.integrations import sglang_mlx
+
+    assert sglang_mlx.parse_rebuild_wait is envvars.parse_rebuild_wait
+    assert sglang_mlx.ENV_REBUILD_WAIT == envvars.ENV_REBUILD_WAIT
