@@ -258,11 +258,10 @@ def measure_store(n: int, quick: bool = False) -> dict[str, Any]:
     ns = namespace_fingerprint(model="bench-index-scale", page_size=64)
     root = tempfile.mkdtemp(prefix="lifeboat-store-scale-")
     try:
-        names = [f"page-{i}" for i in range(n)]
         ik = np.empty(n, dtype=np.int64)
         tails = np.empty(n, dtype="S8")
         for a in range(0, n, 1 << 16):
-            ds, k = digests(ns, names[a:a + (1 << 16)])
+            ds, k = digests(ns, [f"page-{i}" for i in range(a, min(n, a + (1 << 16)))])
             ik[a:a + len(k)] = k
             tails[a:a + len(k)] = np.frombuffer(b"".join(d[8:] for d in ds), dtype="S8")
         _make_store(root, n, keys=ik, tails=tails, rec=STORE_REC)
@@ -273,8 +272,8 @@ def measure_store(n: int, quick: bool = False) -> dict[str, Any]:
         # SGLang asks about the same prefixes again and again: a pool of batches whose digests all fit
         # in the store's digest cache (warm); `cold` batches are asked once (a blake2b per key)
         pool = DIGEST_CACHE_ENTRIES // BATCH - 4
-        queries = [[names[i] for i in rng.integers(0, n, BATCH).tolist()] for _ in range(pool)]
-        cold_q = [[names[i] for i in rng.integers(0, n, BATCH).tolist()] for _ in range(50 if quick else 300)]
+        queries = [[f"page-{i}" for i in rng.integers(0, n, BATCH).tolist()] for _ in range(pool)]
+        cold_q = [[f"page-{i}" for i in rng.integers(0, n, BATCH).tolist()] for _ in range(50 if quick else 300)]
         with ChunkStore.open(cfg, background=False) as st:
             cold = []
             for q in cold_q:
