@@ -750,6 +750,9 @@ class Index:
         empty = np.empty(0, dtype=np.uint64)
         for s in range(_NSHARDS):
             base = self._region[s] * a.cap
+            if not self._count[s]:  # every bucket starts at the (padded) region's start
+                directory[s * bps:(s + 1) * bps] = base
+                continue
             starts, sizes = self._buckets_of(a.keys[base:base + self._count[s]], empty, s, bits)
             directory[s * bps:(s + 1) * bps] = _dir_entries(starts, base, dtype)
             wneed = max(wneed, int(sizes.max()))

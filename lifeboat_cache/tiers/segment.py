@@ -50,6 +50,7 @@ AUTO_CAPACITY_MAX_BYTES = 64 << 30
 ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long, is sealed by the next open
 OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
+_HASH_BATCH = 16  # trailers hashed in one vectorized pass by the snapshot check (~2 MB: stays in cache)
 _BATCH_MIN = 1 << 16  # entries per bulk index insert during the initial rebuild (at least)
 DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
 CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (one pread) while busy
@@ -974,12 +975,12 @@ class SegmentDir:
                 dropped += len(x) - n_ok
                 if n_ok < len(x):
                     new = np.where(ok, new, DEAD).astype(np.uint32)
-                    p, h = pos[ok], entry_hash(x[ok], offs[ok], lens[ok])
-                else:
-                    p, h = pos, entry_hash(x, offs, lens)
+                self.index.insert_sorted_shard(sh, x, new, offs, lens, total_hint=reader.total)
+                # per unit, for the trailer check: entries and the sum of their hashes
+                p, h = (pos, entry_hash(x, offs, lens)) if n_ok == len(x) else \
+                    (pos[ok], entry_hash(x[ok], offs[ok], lens[ok]))
                 counts += np.bincount(p, minlength=len(counts))
                 np.add.at(sums, p, h)
-                self.index.insert_sorted_shard(sh, x, new, offs, lens, total_hint=reader.total)
         except (snap.SnapshotError, ValueError, OSError) as e:  # shards already in: forget them, scan all
             self._drop_many([u for u, _ in loaded])
             self._discard_snapshot(e)
@@ -998,7 +999,8 @@ class SegmentDir:
         one out (insert-if-absent)."""
         tables: dict[int, np.ndarray] = {}
         bad: list[_Unit] = []
-        for unit, i in loaded:
+        same: list[tuple[_Unit, int, np.ndarray]] = []  # as many entries as trailer rows: hashed in batches
+        for j, (unit, i) in enumerate(loaded):
             try:
                 fd = self._acquire(unit)
             except OSError:
@@ -1014,8 +1016,8 @@ class SegmentDir:
             if table is None or n > len(table):
                 bad.append(unit)
             elif n == len(table):
-                if snap.table_hash_sum(table) != int(sums[i]):
-                    bad.append(unit)
+                if n:
+                    same.append((unit, i, table))
             else:
                 if n:
                     found, u, o, ln = self.index.locate(table["key"])
@@ -1024,6 +1026,10 @@ class SegmentDir:
                         bad.append(unit)
                         continue
                 tables[unit.id] = table
+            if len(same) >= _HASH_BATCH or (j == len(loaded) - 1 and same):
+                bad += [u for u, ok in zip((u for u, _, _ in same), snap.table_hash_sums(
+                    [t for _, _, t in same], sums[[i for _, i, _ in same]])) if not ok]
+                same = []
         self._flush_batch()
         if bad:
             self.counters["snapshot_mismatched_units"] += len(bad)

@@ -89,6 +89,16 @@ def table_hash_sum(table: np.ndarray) -> int:
     return int(np.add.reduce(h, dtype=np.uint64)) if len(h) else 0
 
 
+def table_hash_sums(tables: list[np.ndarray], want: np.ndarray) -> list[bool]:
+    """Per non-empty trailer table, whether its rows' hash sum equals want[i] (one pass for all)."""
+    if not tables:
+        return []
+    t = np.concatenate([x.view(np.uint8) for x in tables]).view(tables[0].dtype)  # bytes: ~30x a struct concat
+    h = entry_hash(mix_keys(t["key"]), t["offset"], t["length"])
+    starts = np.cumsum([0] + [len(x) for x in tables[:-1]])
+    return (np.add.reduceat(h, starts, dtype=np.uint64) == want.astype(np.uint64)).tolist()
+
+
 def _units(meta: object) -> list[SnapshotUnit]:
     if not isinstance(meta, dict):
         raise SnapshotError("metadata is not a mapping")
