@@ -1000,7 +1000,13 @@ class SegmentDir:
         tables: dict[int, np.ndarray] = {}
         bad: list[_Unit] = []
         same: list[tuple[_Unit, int, np.ndarray]] = []  # as many entries as trailer rows: hashed in batches
-        for j, (unit, i) in enumerate(loaded):
+
+        def check_same() -> None:
+            sums_ok = snap.table_hash_sums([t for _, _, t in same], sums[[i for _, i, _ in same]])
+            bad.extend(u for (u, _, _), ok in zip(same, sums_ok) if not ok)
+            same.clear()
+
+        for unit, i in loaded:
             try:
                 fd = self._acquire(unit)
             except OSError:
@@ -1026,10 +1032,9 @@ class SegmentDir:
                         bad.append(unit)
                         continue
                 tables[unit.id] = table
-            if len(same) >= _HASH_BATCH or (j == len(loaded) - 1 and same):
-                bad += [u for u, ok in zip((u for u, _, _ in same), snap.table_hash_sums(
-                    [t for _, _, t in same], sums[[i for _, i, _ in same]])) if not ok]
-                same = []
+            if len(same) >= _HASH_BATCH:
+                check_same()
+        check_same()
         self._flush_batch()
         if bad:
             self.counters["snapshot_mismatched_units"] += len(bad)

@@ -311,3 +311,23 @@ def test_drop_units_forgets_many_units_in_main_and_deltas() -> None:
     assert left == {int(k) for k, u in zip(keys.tolist(), units.tolist()) if u not in gone}
     found, u, _, _ = ix.locate(keys)
     assert (found == ~np.isin(units, list(gone))).all() and not set(u[found].tolist()) & gone
+
+
+def test_every_unit_is_checked_whatever_the_order_of_lies(tmp_path: Path) -> None:
+    """A same-count lie (two entries' offsets swapped: only the hash sums tell) in the first unit and a
+    fewer-entries lie in the last: both units are caught and rescanned."""
+    root, keys = _store(tmp_path)
+    s = snap.parse(Path(root, SNAPSHOT_NAME).read_bytes())
+    names = sorted(f for f in os.listdir(root) if f.endswith(".seg"))
+    ids = {u.name: u.id for u in s.units}
+    first = np.flatnonzero(s.unit_ids == ids[names[0]])
+    last = np.flatnonzero(s.unit_ids == ids[names[-1]])
+    offs = s.offsets.copy()
+    offs[first[0]], offs[first[1]] = offs[first[1]], offs[first[0]]
+    offs[last[5]] += np.uint64(1 << 16)
+    keep = np.setdiff1d(np.arange(len(s.keys)), last[:5])
+    Path(root, SNAPSHOT_NAME).write_bytes(snap.encode(s.units, s.keys[keep], s.unit_ids[keep], offs[keep],
+                                                      s.lengths[keep]))
+    d = _reopen(root)
+    assert d.counters["snapshot_mismatched_units"] == 2
+    _assert_full(d, keys, root)
