@@ -462,6 +462,9 @@ def run(sizes: Sequence[int] = (10_000, 100_000, 1_000_000, 10_000_000), quick: 
               f"idle and while a thread puts {STORE_PAGE // 1024} KiB pages ({WRITER_BATCH} per put, "
               f"{WRITER_PAUSE_S * 1e3:.1f} ms pause); load {os.getloadavg()[0]:.1f}")
         print(store_table(store_rows))
+    for r, extra, prefix in [(r, x, "reopen_") for r, x in zip(rows, reopen_rows)] + \
+            [(r, x, "") for r, x in zip(rows, store_rows)]:  # one row per size for `lifeboat bench`'s report
+        r.update({prefix + k: v for k, v in extra.items() if k not in ("pages", "units")})
     return {"machine": machine, "load_avg_1min": load, "rows": rows, "reopen_rows": reopen_rows,
             "store_rows": store_rows}
 
