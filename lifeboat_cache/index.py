@@ -16,6 +16,8 @@ copying the whole index at once.
   written again) and merged into main by a short-lived background thread, one shard at a time, into
   the one spare region; the shard's old region becomes the spare. Extra memory during a merge is
   one shard (1/16), not a copy of the index.
+* Snapshots (tiers/snapshot.py) store each shard in this order: `export_shards` yields them,
+  `insert_sorted_shard` publishes one whole without a sort or merge (a miss until it is in).
 
 Concurrency: lookups take no lock. They read the published delta tuple, then main, then re-check
 `_epoch`, which the merger bumps before it overwrites a region a slow reader may still be reading or
