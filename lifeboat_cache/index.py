@@ -16,6 +16,8 @@ copying the whole index at once.
   written again) and merged into main by a short-lived background thread, one shard at a time, into
   the one spare region; the shard's old region becomes the spare. Extra memory during a merge is
   one shard (1/16), not a copy of the index.
+* Snapshots (tiers/snapshot.py) store each shard in this order: `export_shards` yields them,
+  `insert_sorted_shard` publishes one whole without a sort or merge (a miss until it is in).
 
 Concurrency: lookups take no lock. They read the published delta tuple, then main, then re-check
 `_epoch`, which the merger bumps before it overwrites a region a slow reader may still be reading or
@@ -44,8 +46,9 @@ DEFAULT_DELTA_LIMIT = 16384   # smallest active delta that is frozen and merged 
 MAX_DELTA_LIMIT = 131072      # ~26 MB of dict per delta at most
 EXPORT_VERSION = 2            # export(): dict of "keys", "units", "offsets", "lengths", any order
 
-_SHARD_BITS = 4
-_NSHARDS = 1 << _SHARD_BITS
+SHARD_BITS = 4
+SHARDS = 1 << SHARD_BITS           # shard of a key: its mixed key's top SHARD_BITS bits (shard_of)
+_SHARD_BITS, _NSHARDS = SHARD_BITS, SHARDS
 _MIX = 0x9E3779B97F4A7C15          # odd, so multiplying mod 2**64 is a bijection
 _UNMIX = pow(_MIX, -1, 1 << 64)
 _PER_BUCKET = 4                    # directory: ~2-4 entries per bucket
@@ -65,12 +68,35 @@ class Loc:
     length: int
 
 
-def _mix(keys: np.ndarray) -> np.ndarray:
+def mix_keys(keys: np.ndarray) -> np.ndarray:
+    """The index's order key of each int64 key (uint64): entries are sorted by it, shard by shard."""
     return np.ascontiguousarray(keys, dtype=np.int64).view(np.uint64) * np.uint64(_MIX)
 
 
-def _unmix(x: np.ndarray) -> np.ndarray:
-    return (x * np.uint64(_UNMIX)).view(np.int64)
+def unmix_keys(x: np.ndarray) -> np.ndarray:
+    """The int64 keys of mixed keys (the inverse of mix_keys)."""
+    return (np.asarray(x, dtype=np.uint64) * np.uint64(_UNMIX)).view(np.int64)
+
+
+def shard_of(x: np.ndarray) -> np.ndarray:
+    """Shard of each mixed key."""
+    return (np.asarray(x, dtype=np.uint64) >> np.uint64(64 - SHARD_BITS)).astype(np.int64)
+
+
+MIX_CONSTANT = _MIX  # part of any file that stores entries in index order (tiers/snapshot.py checks it)
+_mix, _unmix = mix_keys, unmix_keys
+
+
+def _unit_mask(col: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """col[i] in ids (sorted unique uint32 unit ids): a table gather when ids are small, else a search."""
+    if len(ids) == 1:
+        return col == ids[0]
+    top = int(ids[-1])
+    if top < (1 << 22):
+        table = np.zeros(top + 2, dtype=bool)
+        table[ids] = True
+        return table[np.minimum(col, np.uint32(top + 1))]
+    return _member(col, ids)
 
 
 def _member(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
@@ -249,6 +275,23 @@ class Index:
                     out[i] = v  # type: ignore[assignment]
         return out
 
+    def locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(found, units, offsets, lengths) per key, as arrays (no Loc objects): vector `get_many`."""
+        keys = np.asarray(keys, dtype=np.int64)
+        active, frozen = self._deltas
+        hit, locs = self._find(_mix(keys), want_loc=True)
+        assert locs is not None
+        units, offs, lens = locs
+        if active or frozen:
+            for i in self._in_deltas(keys, active, frozen).tolist():
+                v = self._resolve(int(keys[i]), active, frozen)
+                if v is None:
+                    hit[i] = False
+                elif v is not _MISSING:
+                    hit[i] = True
+                    units[i], offs[i], lens[i] = v.unit, v.offset, v.length  # type: ignore[union-attr]
+        return hit, units, offs, lens
+
     def __len__(self) -> int:
         with self._wlock:
             active, frozen = self._deltas
@@ -416,9 +459,83 @@ class Index:
                         self._merge_shard(s, sx, su, so, sl, sv, if_absent)
             self._rebits()
 
+    def insert_sorted_shard(self, s: int, keys: np.ndarray, units: np.ndarray, offsets: np.ndarray,
+                            lengths: np.ndarray, *, total_hint: int = 0) -> None:
+        """Install shard s from columns already in index order (a snapshot load): no sort, no merge.
+
+        `keys` are mixed keys (mix_keys), strictly increasing, all of shard s (else ValueError); a unit
+        of DEAD marks an entry left out. Lookups see the whole shard at once, and a miss before. If the
+        shard already holds entries (writes merged meanwhile), the columns are merged in instead and
+        what is there wins. `total_hint`: entries expected in all (sizes the directory once).
+        """
+        x = np.asarray(keys)
+        if x.dtype != np.uint64 or not len(x) == len(units) == len(offsets) == len(lengths):
+            raise ValueError("insert_sorted_shard: keys must be uint64 mixed keys, all columns one length")
+        n = len(x)
+        if not n:
+            return
+        if not 0 <= s < _NSHARDS or int(x[0] >> np.uint64(64 - _SHARD_BITS)) != s \
+                or int(x[-1] >> np.uint64(64 - _SHARD_BITS)) != s or (n > 1 and not bool((x[1:] > x[:-1]).all())):
+            raise ValueError(f"insert_sorted_shard: keys of shard {s} must be strictly increasing mixed keys "
+                             "of that shard")
+        units = np.ascontiguousarray(units, dtype=np.uint32)
+        offsets = np.ascontiguousarray(offsets, dtype=np.uint64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.uint32)
+        with self._mlock:
+            self._rebits(extra=max(n, total_hint - sum(self._count)))
+            if self._count[s]:
+                live = units != DEAD
+                with self._wlock:
+                    sx, su, so, sl, sv = self._bulk_vs_deltas(x[live], units[live], offsets[live], lengths[live],
+                                                              np.ones(int(live.sum()), dtype=bool), True)
+                    if len(sx):
+                        self._merge_shard(s, sx, su, so, sl, sv, True)
+                return
+            self._install(s, x, units, offsets, lengths)
+
+    def _install(self, s: int, x: np.ndarray, units: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> None:
+        """Under _mlock: write an empty shard's entries into the spare region, then publish it."""
+        n = len(x)
+        m = self._main
+        a = m.arena
+        with self._wlock:
+            mark = len(self._drops)
+        starts, sizes = self._buckets_of(x, np.empty(0, dtype=np.uint64), s, m.bits)
+        wneed = max(int(sizes.max()), 1)
+        w = max(self._pad_w, wneed)
+        if max([n] + self._count) + w > a.cap:
+            self._grow(max([n] + self._count) + w)
+            m, a = self._main, self._main.arena
+        if bool((units == DEAD).any()):
+            self._ever_dropped = True  # before the publish: lookups must check units from then on
+        sp = self._spare
+        sb = sp * a.cap
+        self._epoch += 1  # a reader that started before may still be reading the spare's old contents
+        for col, vals in zip((a.keys, a.units, a.offsets, a.lengths), (x, units, offs, lens)):
+            col[sb:sb + n] = vals
+        self._pad(a, s, sp, n, 0, w)
+        with self._wlock:
+            self._apply_drops(a, [(sp, n)], mark, w)
+            dead = int(np.count_nonzero(a.units[sb:sb + n] == DEAD))
+            self._widen(w, wneed)
+            self._epoch += 1
+            bps = 1 << (m.bits - _SHARD_BITS)
+            m.dir[s * bps:(s + 1) * bps] = _dir_entries(starts, sb, m.dir.dtype)
+            old = self._region[s]
+            self._spare_used = self._count[s] + self._pad_w
+            self._region[s], self._spare = sp, old
+            self._count[s], self._dead[s] = n, dead
+            self._drops = []
+
     def drop_unit(self, unit: int) -> int:
         """Forget every entry in a unit (evicted or vanished segment). Returns how many."""
-        u = np.uint32(unit)
+        return self.drop_units([unit])
+
+    def drop_units(self, units: Iterable[int]) -> int:
+        """Forget every entry of these units in one pass over the index. Returns how many."""
+        ids = np.unique(np.fromiter(units, dtype=np.int64)).astype(np.uint32)
+        if not len(ids):
+            return 0
         with self._wlock:
             self._ever_dropped = True  # before any DEAD mark, so no lookup skips the unit check
             active, frozen = self._deltas
@@ -429,7 +546,7 @@ class Index:
             for s in range(_NSHARDS):
                 base, cnt = self._region[s] * cap, self._count[s]
                 col = a.units[base:base + cnt + w]
-                hit = np.flatnonzero(col == u)
+                hit = np.flatnonzero(_unit_mask(col, ids))
                 if not len(hit):
                     continue
                 real = hit[hit < cnt]
@@ -441,9 +558,10 @@ class Index:
                     n += len(real)
                 col[hit] = DEAD
                 self._dead[s] += len(real)
-            self._drops.append(unit)
+            self._drops.extend(ids.tolist())
+            idset = set(ids.tolist())
             for k, v in merged.items():
-                if v is not None and v.unit == unit:
+                if v is not None and v.unit in idset:
                     active[k] = None
                     n += 1
             return n
@@ -581,12 +699,14 @@ class Index:
 
         Returns how many real (not padding) entries this newly marked dead."""
         n = 0
-        for unit in self._drops[mark:]:
-            for r, cnt in regions:
-                col = a.units[r * a.cap:r * a.cap + cnt + w]
-                hit = np.flatnonzero(col == np.uint32(unit))
-                col[hit] = DEAD
-                n += int((hit < cnt).sum())
+        if len(self._drops) <= mark:
+            return 0
+        ids = np.unique(np.array(self._drops[mark:], dtype=np.int64)).astype(np.uint32)
+        for r, cnt in regions:
+            col = a.units[r * a.cap:r * a.cap + cnt + w]
+            hit = np.flatnonzero(_unit_mask(col, ids))
+            col[hit] = DEAD
+            n += int((hit < cnt).sum())
         return n
 
     def _widen(self, pad_w: int, win: int) -> None:
@@ -632,6 +752,9 @@ class Index:
         empty = np.empty(0, dtype=np.uint64)
         for s in range(_NSHARDS):
             base = self._region[s] * a.cap
+            if not self._count[s]:  # every bucket starts at the (padded) region's start
+                directory[s * bps:(s + 1) * bps] = base
+                continue
             starts, sizes = self._buckets_of(a.keys[base:base + self._count[s]], empty, s, bits)
             directory[s * bps:(s + 1) * bps] = _dir_entries(starts, base, dtype)
             wneed = max(wneed, int(sizes.max()))
@@ -684,6 +807,54 @@ class Index:
             offs = np.concatenate([offs, np.fromiter((v.offset for _, v in livev), np.uint64, len(livev))])
             lens = np.concatenate([lens, np.fromiter((v.length for _, v in livev), np.uint32, len(livev))])
         return {"keys": keys, "units": units, "offsets": offs, "lengths": lens}
+
+    def export_shards(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Live entries shard by shard, in index order: (shard, mixed keys, units, offsets, lengths).
+
+        Memory: one shard's copy at a time. Deltas are read once at the start and win over main; each
+        shard is copied under the merge lock (released before it is yielded), so no lookup or insert
+        waits on the consumer.
+        """
+        with self._wlock:
+            merged = self._merged_deltas(*self._deltas)
+        dkeys, du, do, dl, dlive = self._delta_arrays(merged)
+        dx, du, do, dl, dlive = self._sorted_mixed(dkeys, du, do, dl, dlive)
+        cuts = np.searchsorted(dx >> np.uint64(64 - _SHARD_BITS), np.arange(_NSHARDS + 1, dtype=np.uint64))
+        for s in range(_NSHARDS):
+            with self._mlock:
+                a, cap = self._main.arena, self._main.arena.cap
+                base, cnt = self._region[s] * cap, self._count[s]
+                keep = a.units[base:base + cnt] != DEAD
+                cols = [c[base:base + cnt][keep] for c in (a.keys, a.units, a.offsets, a.lengths)]
+            lo, hi = int(cuts[s]), int(cuts[s + 1])
+            if lo < hi:
+                cols = self._overlay(cols, dx[lo:hi], du[lo:hi], do[lo:hi], dl[lo:hi], dlive[lo:hi])
+            yield (s, *cols)
+
+    @staticmethod
+    def _overlay(cols: list[np.ndarray], dx: np.ndarray, du: np.ndarray, do: np.ndarray, dl: np.ndarray,
+                 dlive: np.ndarray) -> list[np.ndarray]:
+        """Sorted columns with sorted unique changes applied (a change wins; live=False removes)."""
+        x = cols[0]
+        if len(x):
+            pos = np.minimum(np.searchsorted(x, dx), len(x) - 1)
+            hit = x[pos] == dx
+            if hit.any():
+                keep = np.ones(len(x), dtype=bool)
+                keep[pos[hit]] = False
+                cols = [c[keep] for c in cols]
+        adds = [dx[dlive], du[dlive], do[dlive], dl[dlive]]
+        at = np.searchsorted(cols[0], adds[0])
+        n_old, n_add = len(cols[0]), len(adds[0])
+        new_pos = at + np.arange(n_add)
+        old_pos = np.arange(n_old) + np.cumsum(np.bincount(at, minlength=n_old + 1))[:n_old]
+        out = []
+        for old, add in zip(cols, adds):
+            dst = np.empty(n_old + n_add, dtype=old.dtype)
+            dst[old_pos] = old
+            dst[new_pos] = add
+            out.append(dst)
+        return out
 
     def items(self) -> Iterator[tuple[int, Loc]]:
         arrays = self.export()

@@ -99,10 +99,11 @@ class NfsSegmentDir(SegmentDir):
                 os.close(unit.fd)
                 unit.fd = None
 
-    def _drop(self, unit: _Unit) -> None:
-        self._seen.pop(unit.name, None)
-        self._abandoned.discard(unit.name)
-        super()._drop(unit)
+    def _drop_many(self, units: Sequence[_Unit]) -> None:
+        for unit in units:
+            self._seen.pop(unit.name, None)
+            self._abandoned.discard(unit.name)
+        super()._drop_many(units)
 
     def _writer_dead_here(self, unit: _Unit) -> bool:
         parsed = parse_name(unit.name)

@@ -16,8 +16,9 @@ import socket
 import stat
 import struct
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -199,11 +200,21 @@ def read_small_file(path: Path | str, limit_bytes: int) -> bytes | None:
 
 def write_new_file(path: Path, data: bytes, mode: int = DEFAULT_FILE_MODE, fsync: bool = False) -> None:
     """Write `data` to a fresh temp file (O_EXCL, random name) in path's directory, then rename over path."""
+    with replacing_file(path, mode, fsync) as fd:
+        pwritev_all(fd, [data], 0)
+
+
+@contextmanager
+def replacing_file(path: Path, mode: int = DEFAULT_FILE_MODE, fsync: bool = False) -> Iterator[int]:
+    """An fd of a fresh temp file (O_EXCL, random name `.<name>.<hex>.tmp`) that replaces `path` when the
+    block ends without an error (after fdatasync if asked); on an error the temp file is removed.
+
+    A crash leaves only the temp file behind: `path` is either the old file or the whole new one."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = open_file(tmp, os.O_WRONLY | os.O_CREAT, mode)
     try:
         try:
-            pwritev_all(fd, [data], 0)
+            yield fd
             if fsync:
                 os.fdatasync(fd)
         finally:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..codec import raw_length
 from ..cooldown import LogOnce
-from ..index import Index, Loc
+from ..index import DEAD, SHARDS, Index, Loc
 from ..keys import index_key
 from ..metrics import Counters
 from . import compaction
@@ -42,7 +42,7 @@ from .segfile import (  # noqa: F401  (re-exported: s3.py and tests import the f
     DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, FOOTER_SIZE, SEGMENT_SUFFIX, TABLE_ENTRY, TABLE_MAGIC, Entry,
     ForeignFile, build_trailer, make_dirs, open_file, parse_footer, parse_name, parse_trailer, process_token,
     pwritev_all, read_table, reserve_space, trailer_size, write_trailer, writer_tag)
-from .snapshot import SNAPSHOT_NAME  # noqa: F401
+from .snapshot import SNAPSHOT_NAME, entry_hash  # noqa: F401
 from .quarantine import QUARANTINE_NAME  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ AUTO_CAPACITY_MAX_BYTES = 64 << 30
 ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long, is sealed by the next open
 OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
+_HASH_BATCH = 16  # trailers hashed in one vectorized pass by the snapshot check (~2 MB: stays in cache)
 _BATCH_MIN = 1 << 16  # entries per bulk index insert during the initial rebuild (at least)
 DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
 CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (one pread) while busy
@@ -342,8 +343,7 @@ class SegmentDir:
             own_names = {w.unit.name for w in self._writers if w is not None}
             gone = [u for u in self._units.values()
                     if u.name not in listing and u.name not in own_names and u.id < known]
-        for u in gone:
-            self._drop(u)
+        self._drop_many(gone)
         for name in sorted(listing):
             with self._lock:
                 uid = self._by_name.get(name)
@@ -536,17 +536,25 @@ class SegmentDir:
                 unit.fd = None
 
     def _drop(self, unit: _Unit) -> None:
+        self._drop_many([unit])
+
+    def _drop_many(self, units: Sequence[_Unit]) -> None:
+        """Forget units (evicted, vanished, a discarded snapshot's): one pass over the index for all."""
+        ids = []
         with self._lock:
-            if unit.dropped:
-                return
-            unit.dropped = True
-            self._listed_sig.pop(unit.name, None)
-            self._units.pop(unit.id, None)
-            self._by_name.pop(unit.name, None)
-            if unit.readers == 0 and unit.fd is not None:
-                os.close(unit.fd)
-                unit.fd = None
-        self.index.drop_unit(unit.id)
+            for unit in units:
+                if unit.dropped:
+                    continue
+                unit.dropped = True
+                self._listed_sig.pop(unit.name, None)
+                self._units.pop(unit.id, None)
+                self._by_name.pop(unit.name, None)
+                if unit.readers == 0 and unit.fd is not None:
+                    os.close(unit.fd)
+                    unit.fd = None
+                ids.append(unit.id)
+        if ids:
+            self.index.drop_units(ids)
 
     # ------------------------------------------------------------------ write path
     def append(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int) -> Loc:
@@ -883,82 +891,122 @@ class SegmentDir:
 
     # ------------------------------------------------------------------ snapshot
     def save_snapshot(self) -> None:
-        """Persist the index (safe temp file + rename) so the next open has its first hits at once."""
+        """Persist the index shard by shard (temp file, fsync, rename) so the next open has its first
+        hits at once. Only entries of sealed, fully scanned segments go in; memory: one shard."""
         if self.read_only:
             return
         with self._lock:
             units = [snap.SnapshotUnit(u.name, u.id, u.scanned, True)
                      for u in self._units.values() if u.sealed and not u.own and u.scanned == u.size]
-            arrays = self.index.export()
-        keep = np.isin(arrays["units"], np.array([u.id for u in units], dtype=np.uint32))
-        order = np.flatnonzero(keep)
-        # grouped by unit, each in record order (as its trailer): on load no sort and no per-entry search
-        order = order[np.lexsort((arrays["offsets"][order], arrays["units"][order]))]
+        ids = np.array(sorted(u.id for u in units), dtype=np.int64)
+        eligible = np.zeros(int(ids[-1]) + 2 if len(ids) else 1, dtype=bool)
+        eligible[ids] = True
+
+        def shards() -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+            for sh, x, uids, offs, lens in self.index.export_shards():
+                keep = eligible[np.minimum(uids, len(eligible) - 1)]
+                yield (sh, x, uids, offs, lens) if keep.all() else (sh, x[keep], uids[keep], offs[keep], lens[keep])
+
         try:
-            snap.save(self.path, units, {k: v[order] for k, v in arrays.items()}, self.file_mode)
+            snap.save(self.path, units, shards(), self.file_mode)
         except OSError as e:
             self._log_once("snapshot-save", "lifeboat: cannot save index snapshot in %s: %s", self.path, e)
+        for name in snap.remove_stale(self.path):
+            log.info("lifeboat: %s: removed %s (an old snapshot format or a crashed save)", self.path, name)
+
+    def _discard_snapshot(self, why: object) -> None:
+        self.counters.add("snapshot_discarded", 1)
+        self._log_once("snapshot", "lifeboat: ignoring index snapshot in %s (%s); rescanning", self.path, why)
 
     def _load_snapshot(self) -> None:
-        """Index what the snapshot says about sealed segments, then check it against their trailers."""
+        """Index the snapshot's entries of unchanged sealed segments shard by shard (each shard answers
+        lookups as soon as it is in), then check every segment's entries against its trailer."""
+        if not self.read_only:
+            for name in snap.remove_stale(self.path):
+                if name in snap.OLD_SNAPSHOT_NAMES:
+                    self._discard_snapshot(f"{name} is an older snapshot format; removed")
         try:
-            s = snap.load(self.path)
-            if s is None:
-                return
-            listing = self._list()
-        except (snap.SnapshotError, OSError) as e:  # a bad snapshot is only a slower start
-            if not (self.read_only and isinstance(e, FileNotFoundError)):
-                self.counters.add("snapshot_discarded")
-                self._log_once("snapshot", "lifeboat: ignoring index snapshot in %s (%s); rescanning", self.path, e)
+            reader, fd = snap.open_reader(self.path / SNAPSHOT_NAME)
+        except FileNotFoundError:
             return
-        idmap: dict[int, _Unit] = {}
+        except (snap.SnapshotError, OSError) as e:  # a bad snapshot is only a slower start
+            self._discard_snapshot(e)
+            return
+        try:
+            self._load_shards(reader)
+        finally:
+            os.close(fd)
+
+    def _load_shards(self, reader: snap.Reader) -> None:
+        try:
+            listing = self._list()
+        except OSError as e:
+            self._discard_snapshot(e)
+            return
+        # position in reader.units -> the unit it names here (new id), 0: not usable (changed, unsealed)
+        lut = np.zeros(len(reader.units) + 1, dtype=np.uint32)  # [-1]: an unlisted unit
+        loaded: list[tuple[_Unit, int]] = []
         with self._lock:
-            for su in s.units:
+            for i, su in enumerate(reader.units):
                 if not su.sealed or listing.get(su.name) != su.scanned or su.name in self._by_name:
                     continue  # unsealed or changed since: scanned afresh
                 unit = self._add_unit(su.name)
                 unit.size = unit.scanned = su.scanned
                 unit.sealed = True
-                idmap[su.id] = unit
-        old_ids = np.array(sorted(idmap), dtype=np.int64)
-        runs = snap.unit_runs(s.unit_ids)
-        if runs is not None:  # grouped by unit as saved: one lookup per unit
-            starts, ends, vals = runs
-            new_ids = np.repeat(np.array([idmap[v].id if v in idmap else 0 for v in vals.tolist()], np.uint32),
-                                ends - starts)
-        else:
-            new_ids = np.zeros(len(s.unit_ids), np.uint32)
-        if runs is None and len(old_ids):
-            posc = np.minimum(np.searchsorted(old_ids, s.unit_ids.astype(np.int64)), len(old_ids) - 1)
-            hit = old_ids[posc] == s.unit_ids
-            lookup = np.array([idmap[int(i)].id for i in old_ids], np.uint32)
-            new_ids[hit] = lookup[posc[hit]]
-        s.dropped += int((new_ids == 0).sum())
-        self.counters.add("snapshot_dropped_entries", s.dropped)
-        by_unit = {u.id: u for u in idmap.values()}
-        groups = _groups(new_ids)
-        if self._quarantine:
-            for uid, m in groups.items():
-                self._index_entries(by_unit[uid], s.keys[m], s.offsets[m], s.lengths[m])
-        else:  # one insert for all (no per-unit pass)
-            ok = new_ids != 0
-            self._insert(s.keys[ok], new_ids[ok], s.offsets[ok], s.lengths[ok])
-        log.info("lifeboat: %s: loaded index snapshot with %d pages", self.path, int((new_ids != 0).sum()))
-        self._check_snapshot(list(idmap.values()), s, new_ids, groups)
+                lut[i] = unit.id
+                loaded.append((unit, i))
+        bad_offs = np.fromiter({o for n, o in self._quarantine if n in {u.name for u, _ in loaded}}, dtype=np.uint64)
+        counts = np.zeros(len(reader.units), dtype=np.int64)
+        sums = np.zeros(len(reader.units), dtype=np.uint64)
+        dropped = 0
+        t0 = time.perf_counter()
+        try:
+            for sh in range(SHARDS):
+                x, uids, offs, lens = reader.shard(sh)
+                if not len(x):
+                    continue
+                pos = reader.unit_pos(uids)
+                new = lut[pos]
+                ok = reader.entries_ok(pos, offs, lens) & (new != 0)
+                if len(bad_offs):
+                    for i in np.flatnonzero(ok & np.isin(offs, bad_offs)).tolist():
+                        ok[i] = (reader.units[pos[i]].name, int(offs[i])) not in self._quarantine
+                n_ok = int(ok.sum())
+                dropped += len(x) - n_ok
+                if n_ok < len(x):
+                    new = np.where(ok, new, DEAD).astype(np.uint32)
+                self.index.insert_sorted_shard(sh, x, new, offs, lens, total_hint=reader.total)
+                # per unit, for the trailer check: entries and the sum of their hashes
+                p, h = (pos, entry_hash(x, offs, lens)) if n_ok == len(x) else \
+                    (pos[ok], entry_hash(x[ok], offs[ok], lens[ok]))
+                counts += np.bincount(p, minlength=len(counts))
+                np.add.at(sums, p, h)
+        except (snap.SnapshotError, ValueError, OSError) as e:  # shards already in: forget them, scan all
+            self._drop_many([u for u, _ in loaded])
+            self._discard_snapshot(e)
+            return
+        self.counters.add("snapshot_dropped_entries", dropped)
+        log.info("lifeboat: %s: loaded index snapshot with %d pages in %.0f ms", self.path,
+                 reader.total - dropped, (time.perf_counter() - t0) * 1000)
+        self._check_snapshot(loaded, counts, sums)
 
-    def _check_snapshot(self, units: list[_Unit], s: snap.Snapshot, new_ids: np.ndarray,
-                        groups: dict[int, np.ndarray] | None = None) -> None:
+    def _check_snapshot(self, loaded: list[tuple[_Unit, int]], counts: np.ndarray, sums: np.ndarray) -> None:
         """Drop every unit whose snapshot entries are not all in its trailer, then index the trailers.
 
-        Bad units are all dropped before any trailer is indexed, so a wrong entry can never keep a
-        right one out (insert-if-absent).
-        """
+        Same count: the sums of entry_hash must match (the same entries). Fewer (keys written again
+        elsewhere, quarantined): each entry the index holds for the unit must be a trailer row. Bad
+        units are all dropped before any trailer is indexed, so a wrong entry can never keep a right
+        one out (insert-if-absent)."""
         tables: dict[int, np.ndarray] = {}
         bad: list[_Unit] = []
-        if groups is None:
-            groups = _groups(new_ids)
-        none = np.empty(0, np.int64)
-        for unit in units:
+        same: list[tuple[_Unit, int, np.ndarray]] = []  # as many entries as trailer rows: hashed in batches
+
+        def check_same() -> None:
+            sums_ok = snap.table_hash_sums([t for _, _, t in same], sums[[i for _, i, _ in same]])
+            bad.extend(u for (u, _, _), ok in zip(same, sums_ok) if not ok)
+            same.clear()
+
+        for unit, i in loaded:
             try:
                 fd = self._acquire(unit)
             except OSError:
@@ -970,20 +1018,32 @@ class SegmentDir:
                 table = None
             finally:
                 self._release(unit)
-            m = groups.get(unit.id, none)
-            if table is None or not _subset(s.keys[m], s.offsets[m], s.lengths[m], table):
+            n = int(counts[i])
+            if table is None or n > len(table):
                 bad.append(unit)
-            elif len(table) != len(m):  # a subset of the same size is the trailer itself: nothing to add
+            elif n == len(table):
+                if n:
+                    same.append((unit, i, table))
+            else:
+                if n:
+                    found, u, o, ln = self.index.locate(table["key"])
+                    match = found & (u == unit.id) & (o == table["offset"]) & (ln == table["length"])
+                    if int(match.sum()) != n:
+                        bad.append(unit)
+                        continue
                 tables[unit.id] = table
-        self._flush_batch()  # the snapshot's entries of a bad unit must be in the index to be dropped
-        for unit in bad:
-            self.counters.add("snapshot_mismatched_units")
-            self.index.drop_unit(unit.id)
-            unit.sealed, unit.scanned, unit.walked = False, 0, -1  # the refresh scans it afresh
+            if len(same) >= _HASH_BATCH:
+                check_same()
+        check_same()
+        self._flush_batch()
         if bad:
+            self.counters.add("snapshot_mismatched_units", len(bad))
+            self.index.drop_units(u.id for u in bad)
+            for unit in bad:
+                unit.sealed, unit.scanned, unit.walked = False, 0, -1  # the refresh scans it afresh
             self._log_once("snapshot-bad", "lifeboat: %s: the index snapshot disagreed with %d segment(s); "
                                            "rescanning them", self.path, len(bad))
-        for unit in units:
+        for unit, _ in loaded:
             if unit.id in tables:
                 self._index_entries(unit, tables[unit.id]["key"], tables[unit.id]["offset"],
                                     tables[unit.id]["length"])
@@ -1016,34 +1076,3 @@ class SegmentDir:
         if self._changes is not None:
             self._changes.close()
 
-
-def _groups(ids: np.ndarray) -> dict[int, np.ndarray]:
-    """Positions of each nonzero id (one sort, not one pass over all ids per id)."""
-    if len(ids) < 2 or bool((ids[1:] >= ids[:-1]).all()):  # saved grouped by unit (save_snapshot)
-        order, sid = np.arange(len(ids)), ids
-    else:
-        order = np.argsort(ids, kind="stable")
-        sid = ids[order]
-    cuts = np.flatnonzero(np.diff(sid)) + 1
-    starts = np.concatenate(([0], cuts))
-    ends = np.concatenate((cuts, [len(sid)]))
-    return {int(sid[a]): order[a:b] for a, b in zip(starts.tolist(), ends.tolist()) if a < b and sid[a] != 0}
-
-
-def _subset(keys: np.ndarray, offs: np.ndarray, lens: np.ndarray, table: np.ndarray) -> bool:
-    """Whether every (key, offset, length) is a row of the trailer table."""
-    if not len(keys):
-        return True
-    if len(keys) == len(table) and bool((table["offset"] == offs).all()):  # saved in trailer order
-        return bool((table["key"] == keys).all() and (table["length"] == lens).all())
-    t_off = table["offset"]
-    if len(t_off) > 1 and not bool((t_off[1:] >= t_off[:-1]).all()):  # records are appended: sorted
-        order = np.argsort(t_off, kind="stable")
-    else:
-        order = np.arange(len(t_off))
-    t_off = t_off[order]
-    pos = np.searchsorted(t_off, offs)
-    if (pos >= len(t_off)).any():
-        return False
-    return bool((t_off[pos] == offs).all() and (table["key"][order][pos] == keys).all()
-                and (table["length"][order][pos] == lens).all())

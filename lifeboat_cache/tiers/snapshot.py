@@ -1,31 +1,52 @@
-"""Index snapshot of a segment directory: a hint that makes the first hits fast, never trusted.
+"""Index snapshot of a segment directory (format 2): a hint that makes the first hits fast, never trusted.
 
-Written by temp file and rename at close. On open it is parsed strictly (member names, dtypes,
-shapes, sizes checked before any allocation, every unit named like a segment, ids mapped through
-a dict so a huge id costs nothing), and anything that fails makes the whole snapshot unusable
-(the directory is rescanned). Entries that pass are later checked against each segment's trailer
-by the directory (see SegmentDir), so a structurally valid but wrong snapshot only costs a rescan.
+File `index.snapshot`, written at close (temp file, fsync, rename: segfile.replacing_file):
+
+    header  magic "LBIXSNAP", version, shard count, the index's mix constant, metadata length, entries;
+            per shard: entry count and xxh3-64 of its block; metadata (JSON: the units, i.e. segment
+            name, id, bytes scanned, sealed); padding to 8 bytes; xxh3-64 of all of the header before it
+    blocks  one per index shard, in shard order: mixed keys u64[n], offsets u64[n], units u32[n],
+            lengths u32[n], in index order (sorted by mixed key), so a load needs no sort
+
+A load (`Reader`) checks the header (magic, version, shard count, mix constant, checksum, the unit list
+parsed strictly, the file size against the counts: a truncated file is refused before any block is
+read), then each block as it is read (checksum, order, shard): one shard at a time, so the index can
+publish each as soon as it is checked and memory holds one block, never a second copy. Entries that
+name no listed unit or lie outside what their unit held when saved are left out (`entries_ok`); the
+directory then checks every unit's entries against its trailer (`entry_hash`, see SegmentDir), so a
+structurally valid but wrong snapshot only costs a rescan. Format 1 (`index.snapshot.npz`) is never
+read: the directory removes it and scans.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import zipfile
+import os
+import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
+import xxhash
 
 from ..codec import HEADER_SIZE
-from .segfile import DEFAULT_FILE_MODE, parse_name, read_small_file, write_new_file
+from ..index import MIX_CONSTANT, SHARD_BITS, SHARDS, mix_keys, unmix_keys
+from .segfile import DEFAULT_FILE_MODE, open_file, parse_name, pwritev_all, replacing_file
 
-SNAPSHOT_NAME = "index.snapshot.npz"
-SNAPSHOT_VERSION = 1
-MAX_SNAPSHOT_BYTES = 1 << 30  # ~24 B per page: room for tens of millions of pages
+SNAPSHOT_NAME = "index.snapshot"
+OLD_SNAPSHOT_NAMES = ("index.snapshot.npz",)  # format 1: removed on open, never read
+SNAPSHOT_VERSION = 2
+MAGIC = b"LBIXSNAP"
 MAX_UNIT_ID = (1 << 32) - 2  # 2^32-1 is the index's dead-entry sentinel
-_ARRAYS = {"keys": np.dtype("<i8"), "units": np.dtype("<u4"), "offsets": np.dtype("<u8"),
-           "lengths": np.dtype("<u4"), "meta": np.dtype("u1")}
+MAX_META_BYTES = 64 << 20     # the unit list: ~100 B per segment
+MAX_ENTRIES = 1 << 36
+ENTRY_BYTES = 24              # 8 key + 8 offset + 4 unit + 4 length
+STALE_TEMP_S = 600.0          # a temp file this old is a crashed save: removed on open
+_PRE = struct.Struct("<8sIIQQQ")  # magic, version, shards, mix constant, metadata bytes, entries in all
+_SHARD = np.dtype([("count", "<u8"), ("xxh3", "<u8")])
+_H1, _H2, _H3 = np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9), np.uint64(0xD6E8FEB86659FD93)
 
 
 class SnapshotError(ValueError):
@@ -42,6 +63,8 @@ class SnapshotUnit:
 
 @dataclass
 class Snapshot:
+    """A whole snapshot in memory (`parse`: tools and tests; the directory reads shard by shard)."""
+
     units: list[SnapshotUnit]
     keys: np.ndarray
     unit_ids: np.ndarray
@@ -50,36 +73,35 @@ class Snapshot:
     dropped: int = 0  # entries that failed validation
 
 
-def _array(zf: zipfile.ZipFile, name: str, limit: int) -> np.ndarray:
-    try:
-        info = zf.getinfo(name + ".npy")
-    except KeyError:
-        raise SnapshotError(f"no {name} array") from None
-    if info.compress_type != zipfile.ZIP_STORED or info.file_size > limit:
-        raise SnapshotError(f"{name}: compressed or larger than the file")
-    data = zf.read(info)
-    buf = io.BytesIO(data)  # shares the bytes, no copy
-    try:
-        version = np.lib.format.read_magic(buf)
-        reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        if version not in reader:
-            raise ValueError(f"npy version {version}")
-        shape, fortran, dtype = reader[version](buf)
-    except (ValueError, SyntaxError, TypeError, OverflowError, MemoryError) as e:
-        raise SnapshotError(f"{name}: bad array header ({e})") from None
-    if dtype != _ARRAYS[name] or fortran or len(shape) != 1 or not isinstance(shape[0], int):
-        raise SnapshotError(f"{name}: expected a 1-D {_ARRAYS[name]} array, got {dtype} {shape}")
-    start = buf.tell()
-    if shape[0] < 0 or shape[0] * dtype.itemsize != len(data) - start:
-        raise SnapshotError(f"{name}: length does not match its header")
-    # a read-only view of the member's bytes (no copy): every consumer copies what it keeps
-    return np.frombuffer(data, dtype=dtype, count=shape[0], offset=start)
+def entry_hash(x: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each (mixed key, offset, length): per unit, the wrapping sum over its snapshot
+    entries equals the sum over its trailer's rows when both hold the same entries."""
+    h = x ^ (np.asarray(offsets, np.uint64) * _H1) ^ (np.asarray(lengths, np.uint64) * _H2)
+    h ^= h >> np.uint64(31)
+    h *= _H3
+    h ^= h >> np.uint64(29)
+    return h
+
+
+def table_hash_sum(table: np.ndarray) -> int:
+    """The wrapping sum of entry_hash over a trailer table's rows."""
+    h = entry_hash(mix_keys(table["key"]), table["offset"], table["length"])
+    return int(np.add.reduce(h, dtype=np.uint64)) if len(h) else 0
+
+
+def table_hash_sums(tables: list[np.ndarray], want: np.ndarray) -> list[bool]:
+    """Per non-empty trailer table, whether its rows' hash sum equals want[i] (one pass for all)."""
+    if not tables:
+        return []
+    t = np.concatenate([x.view(np.uint8) for x in tables]).view(tables[0].dtype)  # bytes: ~30x a struct concat
+    h = entry_hash(mix_keys(t["key"]), t["offset"], t["length"])
+    starts = np.cumsum([0] + [len(x) for x in tables[:-1]])
+    return (np.add.reduceat(h, starts, dtype=np.uint64) == want.astype(np.uint64)).tolist()
 
 
 def _units(meta: object) -> list[SnapshotUnit]:
-    if not isinstance(meta, dict) or meta.get("version") != SNAPSHOT_VERSION:
-        found = meta.get("version") if isinstance(meta, dict) else None
-        raise SnapshotError(f"snapshot version {str(found)[:20]}, this build reads version {SNAPSHOT_VERSION}")
+    if not isinstance(meta, dict):
+        raise SnapshotError("metadata is not a mapping")
     raw = meta.get("units")
     if not isinstance(raw, list):
         raise SnapshotError("no unit list")
@@ -103,76 +125,228 @@ def _units(meta: object) -> list[SnapshotUnit]:
     return out
 
 
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+class Reader:
+    """A snapshot read shard by shard, checked as it goes (raises SnapshotError or OSError only).
+
+    `read(offset, n)` returns up to n bytes at offset; `size` is the file's. Use `open_reader` for a file.
+    """
+
+    def __init__(self, read: Callable[[int, int], bytes], size: int) -> None:
+        self._read = read
+        self.size = size
+        pre = self._exact(0, _PRE.size, "header")
+        magic, version, shards, mix, meta_len, total = _PRE.unpack(pre)
+        if magic != MAGIC:
+            raise SnapshotError("not a snapshot file (bad magic)")
+        if version != SNAPSHOT_VERSION:
+            raise SnapshotError(f"snapshot version {version}, this build reads version {SNAPSHOT_VERSION}")
+        if shards != SHARDS or mix != MIX_CONSTANT:
+            raise SnapshotError(f"snapshot of an index with {shards} shards / another key mix; this build "
+                                f"has {SHARDS}")
+        if meta_len > MAX_META_BYTES or total > MAX_ENTRIES:
+            raise SnapshotError(f"header claims {meta_len} metadata bytes and {total} entries")
+        body = _pad8(_PRE.size + SHARDS * _SHARD.itemsize + meta_len)
+        self.data_at = body + 8
+        head = self._exact(0, self.data_at, "header")
+        (want,) = struct.unpack_from("<Q", head, body)
+        if xxhash.xxh3_64_intdigest(head[:body]) != want:
+            raise SnapshotError("header checksum mismatch")
+        table = np.frombuffer(head, dtype=_SHARD, count=SHARDS, offset=_PRE.size)
+        self.counts = [int(c) for c in table["count"]]
+        self.checksums = [int(c) for c in table["xxh3"]]
+        if sum(self.counts) != total:
+            raise SnapshotError("shard counts do not add up to the total")
+        self.total = total
+        expect = self.data_at + ENTRY_BYTES * total
+        if size != expect:
+            raise SnapshotError(f"file is {size} bytes, its header says {expect} (truncated or extended)")
+        meta_at = _PRE.size + SHARDS * _SHARD.itemsize
+        try:
+            meta = json.loads(head[meta_at:meta_at + meta_len].decode("utf-8"))
+        except (ValueError, RecursionError) as e:
+            raise SnapshotError(f"bad metadata ({e})") from None
+        self.units = sorted(_units(meta), key=lambda u: u.id)
+        self._ids = np.array([u.id for u in self.units], dtype=np.int64)
+        self._scanned = np.array([u.scanned for u in self.units] + [0], dtype=np.uint64)
+        top = int(self._ids[-1]) if len(self._ids) else 0
+        self._lut = None  # unit id -> position, when ids are small enough for a table
+        if top < max(1 << 16, 8 * len(self._ids)):
+            self._lut = np.full(top + 2, -1, dtype=np.int64)
+            self._lut[self._ids] = np.arange(len(self._ids))
+        self._starts = np.concatenate(([0], np.cumsum(self.counts))).tolist()
+
+    def _exact(self, at: int, n: int, what: str) -> bytes:
+        if at + n > self.size:
+            raise SnapshotError(f"{what}: file too short (truncated)")
+        data = self._read(at, n)
+        if len(data) != n:
+            raise SnapshotError(f"{what}: file too short (truncated)")
+        return data
+
+    def shard(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Shard s as (mixed keys, unit ids, offsets, lengths), checked: checksum, order, shard."""
+        n = self.counts[s]
+        if not n:
+            return (np.empty(0, np.uint64), np.empty(0, np.uint32), np.empty(0, np.uint64), np.empty(0, np.uint32))
+        data = self._exact(self.data_at + ENTRY_BYTES * self._starts[s], ENTRY_BYTES * n, f"shard {s}")
+        if xxhash.xxh3_64_intdigest(data) != self.checksums[s]:
+            raise SnapshotError(f"shard {s}: checksum mismatch")
+        x = np.frombuffer(data, dtype="<u8", count=n)
+        offs = np.frombuffer(data, dtype="<u8", count=n, offset=8 * n)
+        units = np.frombuffer(data, dtype="<u4", count=n, offset=16 * n)
+        lens = np.frombuffer(data, dtype="<u4", count=n, offset=20 * n)
+        top = x >> np.uint64(64 - SHARD_BITS)
+        if int(top[0]) != s or int(top[-1]) != s or (n > 1 and not bool((x[1:] > x[:-1]).all())):
+            raise SnapshotError(f"shard {s}: entries out of order or of another shard")
+        return x, units, offs, lens
+
+    def unit_pos(self, unit_ids: np.ndarray) -> np.ndarray:
+        """Position in `units` of each entry's unit id; -1 for an id the snapshot does not list."""
+        if self._lut is not None:
+            return self._lut[np.minimum(unit_ids, len(self._lut) - 1)]
+        if not len(self._ids):
+            return np.full(len(unit_ids), -1, dtype=np.int64)
+        ids = unit_ids.astype(np.int64)
+        pos = np.minimum(np.searchsorted(self._ids, ids), len(self._ids) - 1)
+        return np.where(self._ids[pos] == ids, pos, -1)
+
+    def entries_ok(self, pos: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Entries that name a listed unit and lie inside what that unit held when saved."""
+        limit = self._scanned[pos]  # pos -1: the 0 appended last
+        ok = (pos >= 0) & (lengths >= HEADER_SIZE)
+        ok &= (offsets <= limit) & (lengths.astype(np.uint64) <= limit - np.minimum(offsets, limit))
+        return ok
+
+
+def open_reader(path: Path) -> tuple[Reader, int]:
+    """(Reader, fd) of a snapshot file; FileNotFoundError when there is none. The caller closes fd."""
+    fd = open_file(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+
+        def read(at: int, n: int) -> bytes:
+            parts, got = [], 0
+            while got < n:
+                b = os.pread(fd, n - got, at + got)
+                if not b:
+                    break
+                parts.append(b)
+                got += len(b)
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+        return Reader(read, size), fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def parse(data: bytes) -> Snapshot:
-    """A validated snapshot from the file's bytes; raises SnapshotError only."""
+    """A whole snapshot from bytes, every check applied, keys unmixed; raises SnapshotError only."""
     try:
-        zf = zipfile.ZipFile(io.BytesIO(data))
-    except Exception as e:  # BadZipFile, NotImplementedError (an unknown zip version), ValueError, ...
-        raise SnapshotError(f"not a snapshot archive ({e})") from None
-    try:
-        with zf:
-            if sorted(zf.namelist()) != sorted(n + ".npy" for n in _ARRAYS):
-                raise SnapshotError(f"unexpected members {zf.namelist()[:8]}")
-            arrays = {n: _array(zf, n, len(data)) for n in _ARRAYS}
+        r = Reader(lambda at, n: data[at:at + n], len(data))
+        parts: list[list[np.ndarray]] = [[], [], [], []]
+        dropped = 0
+        for s in range(SHARDS):
+            x, units, offs, lens = r.shard(s)
+            ok = r.entries_ok(r.unit_pos(units), offs, lens)
+            dropped += int((~ok).sum())
+            for p, c in zip(parts, (unmix_keys(x), units, offs, lens)):
+                p.append(c[ok])
     except SnapshotError:
         raise
-    except Exception as e:  # zipfile raises many types on crafted archives
-        raise SnapshotError(f"unreadable archive ({type(e).__name__}: {e})") from None
-    try:
-        meta = json.loads(arrays["meta"].tobytes().decode("utf-8"))
-    except (ValueError, RecursionError) as e:
-        raise SnapshotError(f"bad metadata ({e})") from None
-    units = _units(meta)
-    keys, uids, offs, lens = (arrays[n] for n in ("keys", "units", "offsets", "lengths"))
-    if not len(keys) == len(uids) == len(offs) == len(lens):
-        raise SnapshotError("arrays of different lengths")
-    # an entry must name a listed unit and lie inside what that unit had when saved
-    ids = np.array(sorted(u.id for u in units), dtype=np.int64)
-    scanned = np.array([u.scanned for u in sorted(units, key=lambda u: u.id)], dtype=np.uint64)
-    ok = np.zeros(len(uids), bool)
-    if len(ids):
-        runs = unit_runs(uids)
-        if runs is not None:  # saved grouped by unit: look up each run's unit once, not each entry's
-            starts, ends, vals = runs
-            posc = np.minimum(np.searchsorted(ids, vals.astype(np.int64)), len(ids) - 1)
-            ok = np.repeat(ids[posc] == vals.astype(np.int64), ends - starts)
-            limit = np.repeat(scanned[posc], ends - starts)
-        else:
-            posc = np.minimum(np.searchsorted(ids, uids.astype(np.int64)), len(ids) - 1)
-            ok = ids[posc] == uids.astype(np.int64)
-            limit = scanned[posc]
-        ok &= lens >= HEADER_SIZE
-        ok &= (offs <= limit) & (lens.astype(np.uint64) <= limit - np.minimum(offs, limit))
-    n_bad = int((~ok).sum())
-    if not n_bad:  # the usual case: no copies
-        return Snapshot(units, keys, uids, offs, lens)
-    return Snapshot(units, keys[ok], uids[ok], offs[ok], lens[ok], dropped=n_bad)
+    except (struct.error, ValueError, OverflowError) as e:
+        raise SnapshotError(f"unreadable snapshot ({type(e).__name__}: {e})") from None
+    keys, uids, offs, lens = (np.concatenate(p) for p in parts)
+    return Snapshot(r.units, keys, uids, offs, lens, dropped)
 
 
-def unit_runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(starts, ends, values) of the runs of equal ids when ids are sorted (as saved), else None."""
-    if len(ids) and not bool((ids[1:] >= ids[:-1]).all()):
-        return None
-    cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
-    starts = np.concatenate(([0], cuts)).astype(np.int64)
-    ends = np.concatenate((cuts, [len(ids)])).astype(np.int64)
-    if not len(ids):
-        starts = ends = np.empty(0, np.int64)
-    return starts, ends, ids[starts]
-
-
-def load(directory: Path) -> Snapshot | None:
-    """The directory's snapshot, None when there is none; raises SnapshotError or OSError."""
-    data = read_small_file(directory / SNAPSHOT_NAME, MAX_SNAPSHOT_BYTES)
-    return None if data is None else parse(data)
-
-
-def save(directory: Path, units: list[SnapshotUnit], arrays: dict[str, np.ndarray],
-         mode: int = DEFAULT_FILE_MODE) -> None:
-    """Persist units and index arrays (safe temp file, then rename); raises OSError."""
+def _write(write: Callable[[list[object], int], None], units: list[SnapshotUnit],
+           shards: Iterable[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> int:
     meta = json.dumps({"version": SNAPSHOT_VERSION, "units": [u.__dict__ for u in units]}).encode()
-    buf = io.BytesIO()
-    np.savez(buf, meta=np.frombuffer(meta, dtype=np.uint8), keys=arrays["keys"].astype("<i8"),
-             units=arrays["units"].astype("<u4"), offsets=arrays["offsets"].astype("<u8"),
-             lengths=arrays["lengths"].astype("<u4"))
-    write_new_file(directory / SNAPSHOT_NAME, buf.getvalue(), mode)
+    body = _pad8(_PRE.size + SHARDS * _SHARD.itemsize + len(meta))
+    at = body + 8
+    table = np.zeros(SHARDS, dtype=_SHARD)
+    last = -1
+    for s, x, uids, offs, lens in shards:
+        if s <= last or not 0 <= s < SHARDS:
+            raise ValueError(f"snapshot shards must come in order, once each (got {s} after {last})")
+        last = s
+        cols = [np.ascontiguousarray(x, "<u8"), np.ascontiguousarray(offs, "<u8"),
+                np.ascontiguousarray(uids, "<u4"), np.ascontiguousarray(lens, "<u4")]
+        h = xxhash.xxh3_64()
+        for c in cols:
+            h.update(c)
+        table[s] = (len(x), h.intdigest())
+        if len(x):
+            write(cols, at)
+        at += ENTRY_BYTES * len(x)
+    total = int(table["count"].sum())
+    head = _PRE.pack(MAGIC, SNAPSHOT_VERSION, SHARDS, MIX_CONSTANT, len(meta), total) + table.tobytes() + meta
+    head += bytes(body - len(head))
+    write([head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))], 0)
+    return total
+
+
+def save(directory: Path, units: list[SnapshotUnit],
+         shards: Iterable[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+         mode: int = DEFAULT_FILE_MODE) -> int:
+    """Persist units and the index's shards (Index.export_shards, filtered) one shard at a time: temp
+    file, fsync, rename. Returns the entries written; raises OSError."""
+    with replacing_file(directory / SNAPSHOT_NAME, mode, fsync=True) as fd:
+        return _write(lambda bufs, at: pwritev_all(fd, bufs, at), units, shards)
+
+
+def shards_of(keys: np.ndarray, unit_ids: np.ndarray, offsets: np.ndarray,
+              lengths: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Entries in any order (unique keys) as shards in index order (tools, tests)."""
+    x = mix_keys(keys)
+    order = np.argsort(x)
+    x, cols = x[order], [np.asarray(c)[order] for c in (unit_ids, offsets, lengths)]
+    cuts = np.searchsorted(x >> np.uint64(64 - SHARD_BITS), np.arange(SHARDS + 1, dtype=np.uint64))
+    for s in range(SHARDS):
+        a, b = int(cuts[s]), int(cuts[s + 1])
+        yield s, x[a:b], cols[0][a:b], cols[1][a:b], cols[2][a:b]
+
+
+def encode(units: list[SnapshotUnit], keys: np.ndarray, unit_ids: np.ndarray, offsets: np.ndarray,
+           lengths: np.ndarray) -> bytes:
+    """A snapshot file's bytes for entries in any order (tools, tests)."""
+    out = bytearray()
+
+    def write(bufs: list[object], at: int) -> None:
+        data = b"".join(bytes(memoryview(b).cast("B")) for b in bufs)  # type: ignore[arg-type]
+        if len(out) < at + len(data):
+            out.extend(bytes(at + len(data) - len(out)))
+        out[at:at + len(data)] = data
+
+    _write(write, units, shards_of(keys, unit_ids, offsets, lengths))
+    return bytes(out)
+
+
+def remove_stale(directory: Path, now: float | None = None) -> list[str]:
+    """Remove format-1 snapshots and temp files of saves that crashed (older than STALE_TEMP_S).
+
+    Returns what was removed. A temp file younger than that may be another process's save in flight."""
+    removed = []
+    now = time.time() if now is None else now
+    prefixes = tuple(f".{n}." for n in (SNAPSHOT_NAME, *OLD_SNAPSHOT_NAMES))
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for e in entries:
+        stale_tmp = e.name.startswith(prefixes) and e.name.endswith(".tmp")
+        if e.name not in OLD_SNAPSHOT_NAMES and not stale_tmp:
+            continue
+        try:
+            if stale_tmp and now - e.stat(follow_symlinks=False).st_mtime < STALE_TEMP_S:
+                continue
+            os.unlink(e.path)  # a symlink: the link itself, never its target
+            removed.append(e.name)
+        except OSError:
+            continue
+    return removed

@@ -35,7 +35,7 @@ def test_store_files_are_owner_only_whatever_the_umask(tmp_path: Path, umask: in
     for d in (tmp_path / "a", tmp_path / "a" / "b", store):
         assert _mode(d) == 0o700, d
     files = list(store.iterdir())
-    assert any(f.name.endswith(".seg") for f in files) and any(f.name.endswith(".npz") for f in files)
+    assert any(f.name.endswith(".seg") for f in files) and any(f.name == "index.snapshot" for f in files)
     assert all(_mode(f) == 0o600 for f in files), {f.name: oct(_mode(f)) for f in files}
 
 
@@ -84,8 +84,8 @@ def test_planted_symlinks_fifos_and_dirs_are_foreign_and_never_written_through(t
     orphan.symlink_to(victims["segment"])
     os.utime(orphan, (time.time() - 3600,) * 2, follow_symlinks=False)
     (store / "quarantine.jsonl").symlink_to(victims["quarantine"])
-    (store / "index.snapshot.npz").unlink()
-    (store / "index.snapshot.npz").symlink_to(victims["snapshot"])
+    (store / "index.snapshot").unlink()
+    (store / "index.snapshot").symlink_to(victims["snapshot"])
     os.mkfifo(store / f"{old_ms:013d}-{host}-{_dead_pid()}-abcdef000002.seg")
     (store / f"{old_ms:013d}-{host}-{_dead_pid()}-abcdef000003.seg").mkdir()
     seg = next(p for p in store.glob("*.seg") if p.is_file() and not p.is_symlink())
@@ -105,4 +105,4 @@ def test_planted_symlinks_fifos_and_dirs_are_foreign_and_never_written_through(t
     for v in victims.values():
         assert v.read_bytes() == b"precious " * 100, f"{v} was written through a planted link"
     assert orphan.is_symlink() and (store / "quarantine.jsonl").is_symlink()
-    assert not (store / "index.snapshot.npz").is_symlink()  # replaced by rename, never written through
+    assert not (store / "index.snapshot").is_symlink()  # replaced by rename, never written through
