@@ -257,16 +257,60 @@ def reserve_space(fd: int, offset: int, length: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+IOV_MAX = 1024  # Linux's limit on iovecs per pwritev / preadv call (a layer_first run has thousands)
+
+
+class PartialWrite(OSError):
+    """A write that failed after `written` bytes reached the file (a run keeps its records in them)."""
+
+    def __init__(self, err: OSError, written: int) -> None:
+        super().__init__(err.errno, err.strerror)
+        self.written = written
+
+
+def _advance(views: list[memoryview], n: int) -> list[memoryview]:
+    """The views left after the first n bytes of them were transferred (no copy)."""
+    k = 0
+    while k < len(views) and n >= views[k].nbytes:
+        n -= views[k].nbytes
+        k += 1
+    rest = views[k:]
+    if rest and n:
+        rest[0] = rest[0][n:]
+    return rest
+
+
 def pwritev_all(fd: int, bufs: Sequence[object], offset: int) -> None:
-    """pwritev every byte of bufs at offset (finishing short writes); raises OSError."""
-    views = [memoryview(b).cast("B") for b in bufs]  # type: ignore[arg-type]
-    total = sum(v.nbytes for v in views)
-    n = os.pwritev(fd, views, offset)
-    if n < total:  # short write: finish the rest the slow way
-        rest = b"".join(bytes(v) for v in views)[n:]
-        while rest:
-            m = os.pwrite(fd, rest, offset + n)
-            if m <= 0:
+    """pwritev every byte of bufs at offset: at most IOV_MAX iovecs a call, short writes finished.
+
+    Raises OSError; PartialWrite (with .written) when some bytes were written before the failure.
+    """
+    views = [v for v in (memoryview(b).cast("B") for b in bufs) if v.nbytes]  # type: ignore[arg-type]
+    done = 0
+    while views:
+        try:
+            n = os.pwritev(fd, views[:IOV_MAX], offset + done)
+            if n <= 0:
                 raise OSError(errno.EIO, "short write")
-            n += m
-            rest = rest[m:]
+        except OSError as e:
+            if done:
+                raise PartialWrite(e, done) from e
+            raise
+        done += n
+        views = _advance(views, n)
+
+
+def preadv_all(fd: int, bufs: Sequence[memoryview], offset: int) -> int:
+    """preadv into bufs from offset: at most IOV_MAX iovecs a call, short reads continued.
+
+    Returns the bytes read: less than the buffers hold only at the end of the file. Raises OSError.
+    """
+    views = [v for v in bufs if v.nbytes]
+    done = 0
+    while views:
+        n = os.preadv(fd, views[:IOV_MAX], offset + done)
+        if n <= 0:
+            break
+        done += n
+        views = _advance(views, n)
+    return done
