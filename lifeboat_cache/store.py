@@ -441,6 +441,7 @@ class ChunkStore:
         views = [_view(b) for b in buffers]
         if not all(p.flags.writeable for pieces, _, _ in views for p in pieces):
             raise ValueError("get_into: destination buffers must be writable")
+        sizes = [sum(p.nbytes for p in pieces) for pieces, _, _ in views]
 
         if affinity is None:
             affinity = self._affinity(ds)
@@ -451,7 +452,7 @@ class ChunkStore:
         results = [False] * len(keys)
         todo, first = list(range(len(keys))), [0] * len(keys)  # pages left, and the tier to start at
         if keys and isinstance(self.tiers[0], RecordRuns) and not self.read_cooldowns[0].active():
-            runs = self._get_runs(ns, ik, ds, views, t_end)
+            runs = self._get_runs(ns, ik, ds, views, sizes, t_end)
             results = [o == _HIT for o in runs]
             todo = [i for i, o in enumerate(runs) if o == _MISS] if len(self.tiers) > 1 else []
             first = [1] * len(keys)
@@ -465,14 +466,15 @@ class ChunkStore:
         n_ok = sum(results)
         self.counters.add("pages_read", n_ok)
         self.counters.add("read_misses", len(keys) - n_ok)
-        self.counters.add("bytes_read", sum(sum(p.nbytes for p in views[i][0]) for i, ok in enumerate(results) if ok))
+        self.counters.add("bytes_read", sum(n for n, ok in zip(sizes, results) if ok))
         self.counters.observe("get", time.perf_counter() - t0)
         if self.trace:
             log.info("lifeboat trace: get %d pages, %d hits in %.2f ms", len(keys), n_ok,
                      (time.perf_counter() - t0) * 1e3)
         return results
 
-    def _get_runs(self, ns: bytes, ik: np.ndarray, ds: Sequence[bytes], views: list, t_end: float) -> list[int]:
+    def _get_runs(self, ns: bytes, ik: np.ndarray, ds: Sequence[bytes], views: list, sizes: list[int],
+                  t_end: float) -> list[int]:
         """Read the pages the first tier (RecordRuns) holds as up to READ_RUNS io tasks, adjacent
         records coalesced into one preadv, each record verified before its page counts (`_verified`).
         Per page: _HIT, _MISS (not there or not served: the lower tiers are tried) or _LATE."""
@@ -486,7 +488,7 @@ class ChunkStore:
         gate = Gate(len(tasks))  # one slot per task: it touches the caller's pages inside it only
 
         def read(c: int) -> list[int]:
-            group = [i for i in tasks[c] if self._fits(refs[i], views[i][0])]  # type: ignore[arg-type]
+            group = [i for i in tasks[c] if self._fits(refs[i], sizes[i])]  # type: ignore[arg-type]
             res = [_MISS] * len(tasks[c])
             pos = {i: k for k, i in enumerate(tasks[c])}
             if not group:
@@ -494,7 +496,7 @@ class ChunkStore:
             if gate.closed:
                 return [_LATE] * len(res)  # the call has returned: no more I/O for it
             # into the caller's page when raw, as in _read_record; a shared tier reads privately first
-            plan = [self._read_bufs(tier, refs[i], views[i][0], private=tier.shared)  # type: ignore[arg-type]
+            plan = [self._read_bufs(refs[i], views[i][0], sizes[i], private=tier.shared)  # type: ignore[arg-type]
                     for i in group]
             early = not tier.shared
             if early and not gate.enter(c):
@@ -512,7 +514,8 @@ class ChunkStore:
                     if not good:
                         self.counters.add("miss_stale")
                         continue
-                    h = self._verified(tier, refs[i], ns, int(ik[i]), ds[i], bufs, views[i][0], direct)  # type: ignore[arg-type]
+                    h = self._verified(tier, refs[i], ns, int(ik[i]), ds[i], bufs, views[i][0], sizes[i],  # type: ignore[arg-type]
+                                       direct)
                     res[pos[i]] = _MISS if h is None else _HIT
             finally:
                 gate.leave(c)
@@ -527,31 +530,30 @@ class ChunkStore:
                 out[i] = o
         return out
 
-    def _fits(self, ref: Ref, dst: list[np.ndarray]) -> bool:
-        """Whether a stored record can be this page's: none stores more than its raw page (a larger one
-        is foreign or crafted: read nothing, allocate nothing)."""
-        if HEADER_SIZE <= ref.length <= HEADER_SIZE + sum(p.nbytes for p in dst):
+    def _fits(self, ref: Ref, n: int) -> bool:
+        """Whether a stored record can be that of an n-byte page: none stores more than its raw page (a
+        larger one is foreign or crafted: read nothing, allocate nothing)."""
+        if HEADER_SIZE <= ref.length <= HEADER_SIZE + n:
             return True
         self.counters.add("miss_size")
         return False
 
     @staticmethod
-    def _read_bufs(tier: Tier, ref: Ref, dst: list[np.ndarray], private: bool) -> tuple[list[memoryview], bool]:
-        """(buffers to read a record into, direct): a raw record straight into the page's pieces after
-        a header buffer (no extra copy), anything else (or `private`) into one buffer of its own."""
-        if not private and ref.length == HEADER_SIZE + sum(p.nbytes for p in dst):
+    def _read_bufs(ref: Ref, dst: list[np.ndarray], n: int, private: bool) -> tuple[list[memoryview], bool]:
+        """(buffers to read a record into, direct): a raw record straight into the page's pieces (n
+        bytes) after a header buffer (no extra copy), anything else (or `private`) into its own buffer."""
+        if not private and ref.length == HEADER_SIZE + n:
             return [memoryview(bytearray(HEADER_SIZE)), *(memoryview(p) for p in dst)], True
         return [memoryview(np.empty(ref.length, dtype=np.uint8))], False  # no zero-fill pass
 
     def _verified(self, tier: Tier, ref: Ref, ns: bytes, ikey: int, digest: bytes, bufs: list[memoryview],
-                  dst: list[np.ndarray], direct: bool) -> codec.Header | None:
+                  dst: list[np.ndarray], n: int, direct: bool) -> codec.Header | None:
         """Check a record read into bufs (header, identity, size, payload checksum) and, unless it was
         read straight into dst, decode it into dst. None on a miss: counted by cause, and a bad record
         (not an intact one of another key or size) is dropped from the index and quarantined."""
         try:
             h = codec.unpack_header(bufs[0])
             payload = bufs[1:] if direct else bufs[0][HEADER_SIZE:]
-            n = sum(p.nbytes for p in dst)
             if h.raw_len != n:
                 raise RecordError("size", f"stored page is {h.raw_len} bytes, buffer is {n}")
             codec.verify_record(h, payload, digest=digest, namespace=ns)
@@ -612,9 +614,10 @@ class ChunkStore:
         not write into a buffer SGLang has reused. A shared tier (NFS, S3) reads into a private
         buffer first; a local drive keeps the zero-copy read (a hung local drive is not covered).
         """
-        if not self._fits(ref, dst):
+        n = sum(p.nbytes for p in dst)
+        if not self._fits(ref, n):
             return None
-        bufs, direct = self._read_bufs(tier, ref, dst, private=gate is not None and tier.shared)
+        bufs, direct = self._read_bufs(ref, dst, n, private=gate is not None and tier.shared)
         if gate is not None and direct and not gate[0].enter(gate[1]):
             return None
         try:
@@ -623,7 +626,7 @@ class ChunkStore:
                 return None
             if gate is not None and not direct and not gate[0].enter(gate[1]):
                 return None  # the call has returned: dst is no longer ours
-            h = self._verified(tier, ref, ns, ikey, digest, bufs, dst, direct)
+            h = self._verified(tier, ref, ns, ikey, digest, bufs, dst, n, direct)
         finally:
             if gate is not None:
                 gate[0].leave(gate[1])

@@ -17,7 +17,7 @@ import stat
 import struct
 import zlib
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -280,24 +280,45 @@ def _advance(views: list[memoryview], n: int) -> list[memoryview]:
     return rest
 
 
+def _transfer(call: Callable[[int, list, int], int], fd: int, bufs: Sequence[object], offset: int) -> int:
+    """`call` (os.pwritev / os.preadv) over all of bufs, IOV_MAX iovecs a call; after a short transfer
+    it goes on from where it stopped (byte views are made only then). Returns the bytes transferred,
+    less than bufs hold only when a call transferred nothing (end of file)."""
+    items = list(bufs)
+    sizes = [memoryview(b).nbytes for b in items]  # type: ignore[arg-type]
+    done = k = 0
+    while k < len(items):
+        want = sum(sizes[k:k + IOV_MAX])
+        n = call(fd, items[k:k + IOV_MAX], offset + done) if want else 0
+        done += n
+        if n == want:
+            k += IOV_MAX
+            continue
+        if n <= 0:
+            return done
+        items = _advance([memoryview(b).cast("B") for b in items[k:]], n)  # type: ignore[arg-type]
+        sizes = [v.nbytes for v in items]
+        k = 0
+    return done
+
+
 def pwritev_all(fd: int, bufs: Sequence[object], offset: int) -> None:
     """pwritev every byte of bufs at offset: at most IOV_MAX iovecs a call, short writes finished.
 
     Raises OSError; PartialWrite (with .written) when some bytes were written before the failure.
     """
-    views = [v for v in (memoryview(b).cast("B") for b in bufs) if v.nbytes]  # type: ignore[arg-type]
-    done = 0
-    while views:
+    def call(f: int, items: list, at: int) -> int:
         try:
-            n = os.pwritev(fd, views[:IOV_MAX], offset + done)
+            n = os.pwritev(f, items, at)
             if n <= 0:
                 raise OSError(errno.EIO, "short write")
         except OSError as e:
-            if done:
-                raise PartialWrite(e, done) from e
+            if at > offset:
+                raise PartialWrite(e, at - offset) from e
             raise
-        done += n
-        views = _advance(views, n)
+        return n
+
+    _transfer(call, fd, bufs, offset)
 
 
 def preadv_all(fd: int, bufs: Sequence[memoryview], offset: int) -> int:
@@ -305,12 +326,4 @@ def preadv_all(fd: int, bufs: Sequence[memoryview], offset: int) -> int:
 
     Returns the bytes read: less than the buffers hold only at the end of the file. Raises OSError.
     """
-    views = [v for v in bufs if v.nbytes]
-    done = 0
-    while views:
-        n = os.preadv(fd, views[:IOV_MAX], offset + done)
-        if n <= 0:
-            break
-        done += n
-        views = _advance(views, n)
-    return done
+    return _transfer(os.preadv, fd, bufs, offset)

@@ -790,9 +790,7 @@ class SegmentDir:
             self._foreign(unit.name, str(e))
             self._drop(unit)
             return
-        views = [memoryview(b).cast("B") for r in range(k, j) for b in bufs[r]]
-        if sum(v.nbytes for v in views) != locs[j - 1].offset + locs[j - 1].length - locs[k].offset:
-            raise ValueError("read_run: each record's buffers must hold exactly its length")
+        views = [b for r in range(k, j) for b in bufs[r]]
         try:
             n = preadv_all(fd, views, locs[k].offset)
         finally:
