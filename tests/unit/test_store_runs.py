@@ -234,8 +234,8 @@ def test_corrupt_record_falls_back_to_the_lower_tier(tmp_path):
 
 # ------------------------------------------------------------------------------ IOV_MAX
 def test_runs_of_more_than_iov_max_iovecs(tmp_path, monkeypatch):
-    """6 pages of 300 blocks per run: 1,806 iovecs per pwritev run and per coalesced read."""
-    n = 6 * store_mod.WRITE_RUNS
+    """At least 6 pages of 300 blocks per run: 1,806+ iovecs per pwritev run and per coalesced read."""
+    n = 6 * max(store_mod.WRITE_RUNS, store_mod.READ_RUNS)
     ks, ps = keys(n), [blocks(i, 300, elems=32) for i in range(n)]
     with ChunkStore.open(settings(tmp_path), background=False) as st:
         calls = Calls(monkeypatch)
