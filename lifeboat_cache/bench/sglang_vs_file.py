@@ -10,13 +10,15 @@ Per rep and contender (the order rotates every rep), in a fresh sibling director
   cold    reattach on the same directory, page cache dropped and checked (mincore: 0 pages resident),
           read everything back (and compare the bytes);
   warm    read everything again (page cache: the software path).
-A `sync` precedes each timed phase, so no dirty backlog of one contender lands on the other.
+A `sync` precedes each timed phase, so no dirty backlog of one contender lands on the other, and a
+`gc.collect(); gc.freeze()`, so no full collection of the long-lived objects lands inside a phase.
 Figures: GB/s of raw page bytes and process CPU seconds per GB, medians over reps with (min, max), and
 the per-rep ratio LifeboatCache / file (ratios are of the same rep).
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import math
 import os
@@ -156,6 +158,14 @@ def page_bytes_of(host: Any, slot: int) -> bytes:
     return bytes(host.get_data_page(slot, flat=True).contiguous().view(torch.uint8).numpy())
 
 
+def _settle() -> None:
+    """Before a timed phase: no dirty backlog of the other contender (sync), and no full garbage
+    collection of the interpreter's millions of long-lived objects (torch, SGLang) inside the phase."""
+    os.sync()
+    gc.collect()
+    gc.freeze()
+
+
 def run_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes,
              realkv: np.ndarray | None) -> dict[str, Any]:
     layers, heads, dim = SHAPES[shape]
@@ -182,7 +192,7 @@ def run_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes,
             path = root / f"{shape}-{layout}-{kind}-r{rep}" / side
             path.mkdir(parents=True)
             ctl = attach(side, dev, host, path, sizes)
-            os.sync()
+            _settle()
             w, _ = timed(lambda: (ctl.write(keys, src), ctl.close_backend()))
             ctl.detach()
             left = drop_page_cache(path)
@@ -190,7 +200,7 @@ def run_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes,
             if left:
                 log.warning("%s: %d pages still resident before the cold read", path, left)
             ctl = attach(side, dev, host, path, sizes)
-            os.sync()
+            _settle()
             c, _ = timed(lambda: ctl.read(keys, dst))
             if page_bytes_of(host, int(dst[(batch - 1) * PAGE_TOKENS])) != expect:
                 raise RuntimeError(f"{side}: the bytes read back differ from the bytes written")

@@ -27,11 +27,11 @@ from .. import codec
 from ..config import EngineSettings, Settings, TierSettings
 from ..keys import index_key, key_digest, namespace_fingerprint
 from ..store import ChunkStore
-from ..tiers.base import Auditing, Describing, ObjectPurging, Probing, Ref, SegmentDirs, Tier
+from ..tiers.base import Auditing, Describing, ObjectPurging, Probing, RecordRuns, Ref, SegmentDirs, Tier
 
 # capability mixin -> the attribute a tier must have exactly when it declares the mixin
 CAPABILITIES: dict[type, str] = {Probing: "probe", Auditing: "audit", Describing: "describe",
-                                 SegmentDirs: "dirs", ObjectPurging: "purge_objects"}
+                                 SegmentDirs: "dirs", ObjectPurging: "purge_objects", RecordRuns: "read_run"}
 
 NS = namespace_fingerprint(model="tier-conformance", dtype="uint8")
 
@@ -342,6 +342,13 @@ class TierTests:
             assert sum(int(u["stored_bytes"]) for u in units) > 0
         if isinstance(tier, SegmentDirs):
             assert tier.dirs and sum(len(d.index) for d in tier.dirs) == len(recs)
+        if isinstance(tier, RecordRuns):
+            run = make_records(4, size=3000, seed=7)
+            refs, err = tier.write_some([(r.ikey, r.digest, r.bufs, r.length) for r in run])
+            assert err is None and tier.locate_many(np.array([r.ikey for r in run], np.int64)) == refs
+            bufs = [bytearray(r.length) for r in run]
+            assert tier.read_run(refs, [[memoryview(b)] for b in bufs]) == [True] * 4
+            assert [bytes(b) for b in bufs] == [r.blob for r in run]
         ref = tier.locate(recs[0].ikey)
         assert ref is not None and isinstance(tier.loc_name(ref), str) and tier.loc_name(ref)
 

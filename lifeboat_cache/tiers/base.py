@@ -5,8 +5,8 @@ the bytes of whole records and returns them. I/O failures raise OSError (the sto
 misses and a cooldown); a stale location returns False.
 
 What a tier can do beyond the `Tier` core is declared, never probed for: the `batch_writes` flag, and
-the capability mixins below (`Probing`, `Auditing`, `Describing`, `SegmentDirs`, `ObjectPurging`) that a
-tier lists among its bases. Callers check them with `isinstance`; the conformance suite
+the capability mixins below (`Probing`, `Auditing`, `Describing`, `SegmentDirs`, `RecordRuns`,
+`ObjectPurging`) that a tier lists among its bases. Callers check them with `isinstance`; the conformance suite
 (testing/tiers.py) checks that a tier declares exactly the capabilities whose methods it has.
 """
 
@@ -140,6 +140,29 @@ class SegmentDirs(ABC):
     """A tier made of segment directories (local, nfs): purge counts and gc compaction work on them."""
 
     dirs: "list[SegmentDir]"
+
+
+Record = tuple[int, bytes, Sequence[object], int]  # (index key, digest, header + payload parts, length)
+
+
+class RecordRuns(ABC):
+    """A tier whose per-request cost is worth sharing (segment directories): a put's run of records is
+    written with one space reservation, one pwritev and one index insert, and a get's adjacent records
+    are read with one preadv. The store uses it on its first tier; records are verified as always."""
+
+    @abstractmethod
+    def write_some(self, records: Sequence[Record], affinity: int = 0) -> tuple[list[Ref], OSError | None]:
+        """Append records in order: (refs of the leading records written and indexed, the error that
+        stopped the rest or None). Records after a failure are dropped, never indexed."""
+
+    @abstractmethod
+    def locate_many(self, ikeys: np.ndarray) -> list[Ref | None]:
+        """`locate` for many keys at once (index only, no I/O)."""
+
+    @abstractmethod
+    def read_run(self, refs: Sequence[Ref], bufs: Sequence[Sequence[memoryview]]) -> list[bool]:
+        """`read_into` for many records (bufs[k] hold refs[k].length bytes), adjacent records of one
+        unit in one request. Per record: False when stale; raises OSError for I/O failures."""
 
 
 class ObjectPurging(ABC):

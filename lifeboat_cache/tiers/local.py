@@ -11,11 +11,11 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..config import TierSettings
-from .base import Auditing, Describing, Ref, SegmentDirs, Tier
+from .base import Auditing, Describing, Record, RecordRuns, Ref, SegmentDirs, Tier
 from .segment import SegmentDir
 
 
-class LocalTier(Tier, Auditing, Describing, SegmentDirs):
+class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns):
     kind = "local"
     fsync = False  # a killed process loses nothing the kernel already has; seal-time fsync is for NFS
     segment_dir_cls: type[SegmentDir] = SegmentDir  # nfs swaps in its NFS-aware subclass
@@ -58,8 +58,44 @@ class LocalTier(Tier, Auditing, Describing, SegmentDirs):
         part = affinity % len(self.dirs)
         return Ref(part, self.dirs[part].append(ikey, digest, bufs, length))
 
+    def write_some(self, records: Sequence[Record], affinity: int = 0) -> tuple[list[Ref], OSError | None]:
+        """The run goes to the drive `affinity` picks, as one append (see SegmentDir.append_many)."""
+        part = affinity % len(self.dirs)
+        locs, err = self.dirs[part].append_many(records)
+        return [Ref(part, loc) for loc in locs], err
+
+    def write_many(self, records: Sequence[Record], affinity: int = 0) -> list[Ref]:
+        refs, err = self.write_some(records, affinity)
+        if err is not None:
+            raise err
+        return refs
+
+    def locate_many(self, ikeys: np.ndarray) -> list[Ref | None]:
+        out: list[Ref | None] = [None] * len(ikeys)
+        todo = np.arange(len(ikeys))
+        for i, d in enumerate(self.dirs):
+            if not len(todo):
+                break
+            locs = d.index.get_many(np.asarray(ikeys, np.int64)[todo])
+            for k, loc in zip(todo.tolist(), locs):
+                if loc is not None:
+                    out[k] = Ref(i, loc)
+            todo = np.array([k for k in todo.tolist() if out[k] is None], np.int64)
+        return out
+
     def read_into(self, ref: Ref, bufs: Sequence[memoryview]) -> bool:
         return self.dirs[ref.part].read_into(ref.loc, bufs)
+
+    def read_run(self, refs: Sequence[Ref], bufs: Sequence[Sequence[memoryview]]) -> list[bool]:
+        """Adjacent records of one segment in one preadv; each drive's records in the order given."""
+        if all(r.part == refs[0].part for r in refs):
+            return self.dirs[refs[0].part].read_run([r.loc for r in refs], bufs) if refs else []
+        out = [False] * len(refs)
+        for part in sorted({r.part for r in refs}):
+            idx = [k for k, r in enumerate(refs) if r.part == part]
+            for k, ok in zip(idx, self.dirs[part].read_run([refs[k].loc for k in idx], [bufs[k] for k in idx])):
+                out[k] = ok
+        return out
 
     def forget(self, ikey: int, ref: Ref, reason: str) -> None:
         self.dirs[ref.part].quarantine(ikey, ref.loc, reason)

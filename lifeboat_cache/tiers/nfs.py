@@ -177,18 +177,18 @@ class NfsSegmentDir(SegmentDir):
         os.fdatasync(fd)  # the records reach the server before the trailer that publishes them
         return write_trailer(fd, at, entries)
 
-    def read_into(self, loc: Loc, bufs: Sequence[memoryview]) -> bool:
+    def _read_stretch(self, locs: Sequence[Loc], bufs: Sequence[Sequence[memoryview]], k: int, j: int,
+                      out: list[bool]) -> None:
         try:
-            return super().read_into(loc, bufs)
+            return super()._read_stretch(locs, bufs, k, j, out)
         except OSError as e:
             if e.errno != errno.ESTALE:
                 raise
         with self._lock:  # evicted by another host while open here: a stale location
-            unit = self._units.get(loc.unit)
+            unit = self._units.get(locs[k].unit)
         if unit is not None:
             self._drop(unit)
         self.counters.add("stale_handles")
-        return False
 
 
 class NfsTier(LocalTier):

@@ -18,7 +18,7 @@ import struct
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -268,16 +268,73 @@ def reserve_space(fd: int, offset: int, length: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+IOV_MAX = 1024  # Linux's limit on iovecs per pwritev / preadv call (a layer_first run has thousands)
+
+
+class PartialWrite(OSError):
+    """A write that failed after `written` bytes reached the file (a run keeps its records in them)."""
+
+    def __init__(self, err: OSError, written: int) -> None:
+        super().__init__(err.errno, err.strerror)
+        self.written = written
+
+
+def _advance(views: list[memoryview], n: int) -> list[memoryview]:
+    """The views left after the first n bytes of them were transferred (no copy)."""
+    k = 0
+    while k < len(views) and n >= views[k].nbytes:
+        n -= views[k].nbytes
+        k += 1
+    rest = views[k:]
+    if rest and n:
+        rest[0] = rest[0][n:]
+    return rest
+
+
+def _transfer(call: Callable[[int, list, int], int], fd: int, bufs: Sequence[object], offset: int) -> int:
+    """`call` (os.pwritev / os.preadv) over all of bufs, IOV_MAX iovecs a call; after a short transfer
+    it goes on from where it stopped (byte views are made only then). Returns the bytes transferred,
+    less than bufs hold only when a call transferred nothing (end of file)."""
+    items = list(bufs)
+    sizes = [memoryview(b).nbytes for b in items]  # type: ignore[arg-type]
+    done = k = 0
+    while k < len(items):
+        want = sum(sizes[k:k + IOV_MAX])
+        n = call(fd, items[k:k + IOV_MAX], offset + done) if want else 0
+        done += n
+        if n == want:
+            k += IOV_MAX
+            continue
+        if n <= 0:
+            return done
+        items = _advance([memoryview(b).cast("B") for b in items[k:]], n)  # type: ignore[arg-type]
+        sizes = [v.nbytes for v in items]
+        k = 0
+    return done
+
+
 def pwritev_all(fd: int, bufs: Sequence[object], offset: int) -> None:
-    """pwritev every byte of bufs at offset (finishing short writes); raises OSError."""
-    views = [memoryview(b).cast("B") for b in bufs]  # type: ignore[arg-type]
-    total = sum(v.nbytes for v in views)
-    n = os.pwritev(fd, views, offset)
-    if n < total:  # short write: finish the rest the slow way
-        rest = b"".join(bytes(v) for v in views)[n:]
-        while rest:
-            m = os.pwrite(fd, rest, offset + n)
-            if m <= 0:
+    """pwritev every byte of bufs at offset: at most IOV_MAX iovecs a call, short writes finished.
+
+    Raises OSError; PartialWrite (with .written) when some bytes were written before the failure.
+    """
+    def call(f: int, items: list, at: int) -> int:
+        try:
+            n = os.pwritev(f, items, at)
+            if n <= 0:
                 raise OSError(errno.EIO, "short write")
-            n += m
-            rest = rest[m:]
+        except OSError as e:
+            if at > offset:
+                raise PartialWrite(e, at - offset) from e
+            raise
+        return n
+
+    _transfer(call, fd, bufs, offset)
+
+
+def preadv_all(fd: int, bufs: Sequence[memoryview], offset: int) -> int:
+    """preadv into bufs from offset: at most IOV_MAX iovecs a call, short reads continued.
+
+    Returns the bytes read: less than the buffers hold only at the end of the file. Raises OSError.
+    """
+    return _transfer(os.preadv, fd, bufs, offset)

@@ -14,6 +14,7 @@ ever truncated; bytes on disk (open segments included) stay within the capacity 
 
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
 import os
@@ -40,8 +41,8 @@ from .changes import SEGMENTS, ChangeCounter
 from . import snapshot as snap
 from .segfile import (  # noqa: F401  (re-exported: s3.py and tests import the format from here)
     DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, FOOTER_SIZE, SEGMENT_SUFFIX, TABLE_ENTRY, TABLE_MAGIC, Entry,
-    ForeignFile, build_trailer, make_dirs, open_file, parse_footer, parse_name, parse_trailer, process_token,
-    pwritev_all, read_table, reserve_space, trailer_size, write_trailer, writer_tag)
+    ForeignFile, PartialWrite, build_trailer, make_dirs, open_file, parse_footer, parse_name, parse_trailer,
+    preadv_all, process_token, pwritev_all, read_table, reserve_space, trailer_size, write_trailer, writer_tag)
 from .snapshot import SNAPSHOT_NAME, entry_hash  # noqa: F401
 from .quarantine import QUARANTINE_NAME  # noqa: F401
 
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 _writer_tag, _process_token, _parse_name, _pwritev_all = writer_tag, process_token, parse_name, pwritev_all
 AUTO_CAPACITY_MAX_BYTES = 64 << 30
+Record = tuple[int, bytes, Sequence[object], int]  # (index key, digest, header + payload parts, length)
 ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long, is sealed by the next open
 OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
@@ -559,40 +561,78 @@ class SegmentDir:
     # ------------------------------------------------------------------ write path
     def append(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int) -> Loc:
         """Append one record (header + payload parts) and index it. Raises OSError on I/O failure."""
+        locs, err = self.append_many([(ikey, digest, bufs, length)])
+        if err is not None:
+            raise err
+        return locs[0]
+
+    def append_many(self, records: Sequence[Record]) -> tuple[list[Loc], OSError | None]:
+        """Append records (ikey, digest, bufs, length) in order and index them: (locs written, error).
+
+        A run costs one reservation, one pwritev and one index insert per segment it lands in, and one
+        change signal, not one of each per record. The rules of a single record hold for each: it is
+        indexed only after its bytes are written; on a failure (full disk) the leading records that
+        were written stay indexed, the rest are dropped (never indexed) and the error is returned, and
+        the segment is sealed as after a failed single write. Raises OSError only when read-only.
+        """
         if self.read_only:
             raise OSError(errno.EROFS, f"{self.path} is open read-only")
+        locs: list[Loc] = []
+        rolled = False
+        err: OSError | None = None
+        while len(locs) < len(records) and err is None:
+            try:
+                part, roll, err = self._append_part(records, len(locs))
+            except OSError as e:  # no segment could be opened for the rest
+                part, roll, err = [], False, e
+            locs += part
+            rolled |= roll
+        if locs:
+            self._changed()  # write, index, then tell the other processes of this host
+        if rolled:  # a segment was opened for this run: enforce the capacity bound now
+            self._auto_gc()
+        return locs, err
+
+    def _append_part(self, records: Sequence[Record], first: int) -> tuple[list[Loc], bool, OSError | None]:
+        """Write and index the records from `first` on that fit in this thread's open segment (at
+        least one). Returns their locs, whether a segment was opened, and the error that stopped it."""
         with self._lock:
             stripe = self._my_stripe()
-            w = self._writer_for(stripe, length)
+            w = self._writer_for(stripe, records[first][3])
             rolled = w.reserved == 0
             off = w.reserved
-            w.reserved += length
-            w.count += 1
-            # the blocks of this record and of a trailer listing every record so far
-            room = length + trailer_size(w.count)
+            end, total = first, 0
+            while end < len(records) and (end == first or off + total + records[end][3] <= self.segment_bytes):
+                total += records[end][3]
+                end += 1
+            w.reserved += total
+            w.count += end - first
+            trailer = trailer_size(w.count)  # room for a trailer listing every record so far
             w.unit.size = w.reserved
             w.inflight += 1
+        run = records[first:end]
+        offs = np.cumsum([0] + [r[3] for r in run]).tolist()  # record k spans offs[k]..offs[k+1] from off
+        err: OSError | None = None
         try:
-            reserve_space(w.fd, off, room)
-            pwritev_all(w.fd, bufs, off)
-        except OSError:
-            with self._lock:
-                w.inflight -= 1
+            done = _reserve_run(w.fd, off, offs, trailer)
+            pwritev_all(w.fd, [b for r in run[:done] for b in r[2]], off)
+            if done < len(run):
+                err = OSError(errno.ENOSPC, "no space left on device for the whole run", str(w.unit.path))
+        except OSError as e:
+            done, err = (bisect.bisect_right(offs, e.written) - 1 if isinstance(e, PartialWrite) else 0), e
+        with self._lock:
+            w.inflight -= 1
+            w.entries += [(r[1], off + offs[k], r[3], raw_length(r[2][0])) for k, r in enumerate(run[:done])]
+            if err is not None:
                 if self._writers[stripe] is w:  # abandon the segment: its tail may hold a partial record
                     self._writers[stripe] = None
                 self._start_seal(w)
-            raise
-        with self._lock:
-            w.inflight -= 1
-            w.entries.append((digest, off, length, raw_length(bufs[0])))
-            if w.sealing and w.inflight == 0:
+            elif w.sealing and w.inflight == 0:
                 self._finish_seal(w)
-        loc = Loc(w.unit.id, off, length)
-        self.index.insert(ikey, loc)
-        self._changed()  # write, index, then tell the other processes of this host
-        if rolled:  # a segment was opened for this one: enforce the capacity bound now
-            self._auto_gc()
-        return loc
+        locs = [Loc(w.unit.id, off + offs[k], r[3]) for k, r in enumerate(run[:done])]
+        if locs:
+            self.index.insert_many([r[0] for r in run[:done]], locs)
+        return locs, rolled, err
 
     def _my_stripe(self) -> int:
         """Each writing thread sticks to one stripe (one open segment)."""
@@ -722,27 +762,52 @@ class SegmentDir:
         Returns False when the location is stale (evicted/vanished segment, short file); raises
         OSError for real I/O errors so the store can enter its cooldown.
         """
+        return self.read_run([loc], [bufs])[0]
+
+    def read_run(self, locs: Sequence[Loc], bufs: Sequence[Sequence[memoryview]]) -> list[bool]:
+        """Read records into their bufs (bufs[k] together hold locs[k].length bytes), as read_into does
+        for one: one preadv (IOV_MAX iovecs a call) per stretch of adjacent records of one segment.
+
+        Per record: True when read whole, False when its location is stale. Raises OSError for real
+        I/O errors (the store's cooldown).
+        """
+        out = [False] * len(locs)
+        k = 0
+        while k < len(locs):
+            j = k + 1
+            while (j < len(locs) and locs[j].unit == locs[k].unit
+                   and locs[j].offset == locs[j - 1].offset + locs[j - 1].length):
+                j += 1
+            self._read_stretch(locs, bufs, k, j, out)
+            k = j
+        return out
+
+    def _read_stretch(self, locs: Sequence[Loc], bufs: Sequence[Sequence[memoryview]], k: int, j: int,
+                      out: list[bool]) -> None:
+        """Read the adjacent records locs[k:j] (one segment) in one go; mark those read whole in out."""
         with self._lock:
-            unit = self._units.get(loc.unit)
+            unit = self._units.get(locs[k].unit)
         if unit is None:
-            return False
+            return
         try:
             fd = self._acquire(unit)
         except FileNotFoundError:
             self._drop(unit)
-            return False
+            return
         except ForeignFile as e:
             self._foreign(unit.name, str(e))
             self._drop(unit)
-            return False
+            return
+        views = [b for r in range(k, j) for b in bufs[r]]
         try:
-            n = os.preadv(fd, bufs, loc.offset)
+            n = preadv_all(fd, views, locs[k].offset)
         finally:
             self._release(unit)
-        if n == loc.length and self.purge.active and self.purge.blocks(  # purged or expired: not served
-                compaction.unit_ms(unit.name), bytes(bufs[0][compaction.NS_AT:compaction.NS_AT + 16])):
-            return False
-        return n == loc.length
+        blocking = self.purge.active  # purged or expired: not served
+        for r in range(k, j):
+            whole = locs[r].offset + locs[r].length - locs[k].offset <= n
+            out[r] = whole and not (blocking and self.purge.blocks(
+                compaction.unit_ms(unit.name), bytes(bufs[r][0][compaction.NS_AT:compaction.NS_AT + 16])))
 
     def unit_name(self, unit_id: int) -> str | None:
         with self._lock:
@@ -1076,3 +1141,20 @@ class SegmentDir:
         if self._changes is not None:
             self._changes.close()
 
+
+
+def _reserve_run(fd: int, off: int, offs: list[int], trailer: int) -> int:
+    """Reserve the blocks of a run's records (offsets `offs` from `off`) and of a trailer after them.
+
+    Returns how many leading records got their room: on a full disk, as many as fit (halving), so a
+    run loses only what did not fit. Raises OSError when not even the first fits.
+    """
+    n = len(offs) - 1
+    while True:
+        try:
+            reserve_space(fd, off, offs[n] + trailer)
+            return n
+        except OSError as e:
+            if e.errno != errno.ENOSPC or n <= 1:
+                raise
+            n //= 2
