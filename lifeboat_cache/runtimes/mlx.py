@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
+from ..background import BoundedWriter, WriterCounters
 from ..keys import namespace_fingerprint
 
 if TYPE_CHECKING:  # imported lazily: the core must import without MLX
@@ -406,7 +407,8 @@ class _Batch:
 class ChunkWriter:
     """Background writer: numpy views in, ``store.put`` out, bounded in bytes, never blocks.
 
-    ``offer`` runs on the scheduler thread and only appends to a deque; when the queue would exceed
+    ``offer`` runs on the scheduler thread and only appends to the queue of a
+    :class:`~lifeboat_cache.background.BoundedWriter` (one worker thread); when the queue would exceed
     ``max_bytes`` the chunks that do not fit are dropped and counted (the earliest chunks of a
     request are kept, since later chunks are useless without them).
     """
@@ -414,15 +416,16 @@ class ChunkWriter:
     def __init__(self, store: "ChunkStore", max_bytes: int, *, name: str = "lifeboat-mlx-writer") -> None:
         self.store = store
         self.max_bytes = int(max_bytes)
-        self._cv = threading.Condition()
-        self._queue: deque[_Batch] = deque()
-        self._queued_bytes = 0
-        self._busy = False
-        self._closed = False
-        self._pending: dict[bytes, int] = {}
         self.counters = store.counters
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._lock = threading.Lock()
+        self._pending: dict[bytes, int] = {}  # key -> batches holding it, queued or being written
+        self._writer: BoundedWriter[_Batch] = BoundedWriter(
+            self._write, self.counters, max_bytes=self.max_bytes, name=name, what="KV chunks", queue="MLX chunk write",
+            names=WriterCounters(dropped_full="mlx_chunks_dropped_queue_full",
+                                 dropped_closed="mlx_chunks_dropped_closed",
+                                 dropped_exit="mlx_chunks_dropped_exit", errors="mlx_chunk_write_exceptions"),
+            done=self._release, items=lambda b: len(b.keys), exit_note="they are recomputed next time",
+            join_timeout_s=1.0)
 
     def offer(self, ns: bytes, keys: Sequence[bytes], views: Sequence[np.ndarray], keepalive: Any = None,
               *, affinity: int | None = None, kind: str = "chunks") -> int:
@@ -430,80 +433,55 @@ class ChunkWriter:
 
         ``affinity`` is the dialog's drive choice (``ChunkStore.affinity_of`` over its first chunks).
         """
-        sizes = [v.nbytes for v in views]
-        with self._cv:
-            if self._closed:
-                self.counters.add("mlx_chunks_dropped_closed", len(keys))
-                return 0
-            room = self.max_bytes - self._queued_bytes
-            take = 0
-            used = 0
-            while take < len(keys) and used + sizes[take] <= room:
-                used += sizes[take]
-                take += 1
-            if take < len(keys):
-                self.counters.add("mlx_chunks_dropped_queue_full", len(keys) - take)
-            if take == 0:
-                return 0
-            batch = _Batch(ns, list(keys[:take]), list(views[:take]), keepalive, used, affinity, kind=kind)
-            self._queue.append(batch)
-            self._queued_bytes += used
-            for k in batch.keys:
-                self._pending[k] = self._pending.get(k, 0) + 1
+        sizes = [v.nbytes for v in views[:len(keys)]]
+
+        def make(take: int) -> _Batch:  # under the writer's lock: pending before a worker can take it
+            batch = _Batch(ns, list(keys[:take]), list(views[:take]), keepalive, sum(sizes[:take]), affinity,
+                           kind=kind)
+            with self._lock:
+                for k in batch.keys:
+                    self._pending[k] = self._pending.get(k, 0) + 1
+            return batch
+
+        take = self._writer.offer_prefix(sizes, make)
+        if take:
             self.counters.add("mlx_chunks_enqueued", take)
-            self._cv.notify_all()
         return take
 
     def is_pending(self, key: bytes) -> bool:
-        with self._cv:
+        with self._lock:
             return key in self._pending
 
     def queued_bytes(self) -> int:
-        with self._cv:
-            return self._queued_bytes
+        return self._writer.pending_bytes
 
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                batch = self._queue.popleft()
-                self._busy = True
+    def _write(self, batches: list[_Batch]) -> None:
+        for batch in batches:
             ok: list[bool] = [False] * len(batch.keys)
-            try:
+            try:  # the store only raises for caller bugs; the BoundedWriter counts and logs that
                 ok = self.store.put(batch.ns, batch.keys, batch.views, affinity=batch.affinity)
-            except Exception:  # the store only raises for caller bugs; keep the thread alive regardless
-                log.exception("lifeboat: MLX chunk write failed")
-                self.counters.add("mlx_chunk_write_exceptions")
-            n_ok = sum(ok)
-            self.counters.add(f"mlx_{batch.kind}_written", n_ok)
-            if n_ok < len(ok):
-                self.counters.add(f"mlx_{batch.kind}_write_failed", len(ok) - n_ok)
-            with self._cv:
-                self._queued_bytes -= batch.nbytes
+            finally:
+                n_ok = sum(ok)
+                self.counters.add(f"mlx_{batch.kind}_written", n_ok)
+                if n_ok < len(ok):
+                    self.counters.add(f"mlx_{batch.kind}_write_failed", len(ok) - n_ok)
+
+    def _release(self, batches: list[_Batch]) -> None:
+        """After a write (or a drop at close): the keys stop being pending, the views are let go."""
+        with self._lock:
+            for batch in batches:
                 for k in batch.keys:
                     left = self._pending.get(k, 1) - 1
                     if left <= 0:
                         self._pending.pop(k, None)
                     else:
                         self._pending[k] = left
-                self._busy = False
                 batch.views.clear()
                 batch.keepalive = None
-                self._cv.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued chunk is written (tests, demo, shutdown). False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            while self._queue or self._busy:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cv.wait(left)
-        return True
+        return self._writer.flush(timeout)
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Write what is queued within ``timeout`` seconds, then stop; True when nothing was left.
@@ -511,23 +489,7 @@ class ChunkWriter:
         Chunks still queued at the deadline are dropped and counted (``mlx_chunks_dropped_exit``),
         with one log line: they are recomputed next time, never served wrong.
         """
-        t0 = time.monotonic()
-        done = self.flush(timeout)
-        with self._cv:
-            self._closed = True
-            left = sum(len(b.keys) for b in self._queue)
-            for b in self._queue:
-                self._queued_bytes -= b.nbytes
-                for k in b.keys:
-                    self._pending.pop(k, None)
-            self._queue.clear()
-            self._cv.notify_all()
-        if left:
-            self.counters.add("mlx_chunks_dropped_exit", left)
-            log.warning("lifeboat: %d queued KV chunks were not written within %.1f s of shutdown; they are "
-                        "recomputed next time", left, time.monotonic() - t0)
-        self._thread.join(timeout=1.0)
-        return done
+        return self._writer.close(timeout)
 
 
 def drain_at_exit(engine: "MlxChunkEngine", timeout_s: float) -> None:
