@@ -23,7 +23,7 @@ from sglang.srt.mem_cache.unified_cache.components import ComponentType
 from ..config import ConfigError, Settings, load_settings
 from ..runtimes.mlx import (CHUNK_TOKENS, MlxChunkEngine, ModelFingerprint, drain_at_exit, mx_dtype_name,
                              weights_identity)
-from ..runtimes.mlx_hybrid import HybridState
+from ..runtimes.mlx.hybrid import HybridState
 from ..statsfile import StatsReporter
 from .sglang_mlx_cache import HYBRID_CONCURRENCY_MESSAGE, LifeboatMlxRadixCache
 from .sglang_mlx_patches import auxiliary_state_component, install_arrival_hook

@@ -5,7 +5,7 @@ scheduler thread that owns the MLX pool (the factory in ``sglang_mlx`` builds it
 
 * **write** (``checkpoint`` of a finished request): the request's full 64-token chunks that the store
   does not hold yet are gathered out of ``MlxAttentionKVPool``, evaluated, and handed as numpy views to
-  the background writer (``runtimes/mlx.py``), which stores them uncompressed in the local tier;
+  the background writer (``runtimes/mlx/writer.py``), which stores them uncompressed in the local tier;
   so is the prompt's partial last chunk (its *tail*, up to 63 tokens, in its own namespace), so the
   same prompt again restores all SGLang matches (all but its last token) and prefills one token.
 * **read** (``match_prefix``): a short in-memory match is extended with the consecutive chunks the
@@ -47,7 +47,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from ..runtimes.mlx import ChunkRead, MlxChunkEngine, gather_chunks, gather_request_rows, settle_pool
-from ..runtimes.mlx_hybrid import HybridState
+from ..runtimes.mlx.hybrid import HybridState
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req

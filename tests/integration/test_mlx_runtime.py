@@ -1,4 +1,4 @@
-"""runtimes/mlx.py with real MLX arrays, SGLang's real MlxAttentionKVPool and a real ChunkStore.
+"""runtimes/mlx/ (the package) with real MLX arrays, SGLang's real MlxAttentionKVPool and a real ChunkStore.
 
 What is proven here (fast, in-process, no model):
 * keys: chained over all earlier tokens (position-dependent), partitioned by namespace / extra_key /
