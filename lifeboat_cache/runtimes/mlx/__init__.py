@@ -27,16 +27,16 @@ from .fingerprint import (LAYOUT_VERSION, STATE_LAYOUT_VERSION, TAIL_LAYOUT_VERS
                           mx_dtype_name, weights_identity)
 from .hybrid import HybridState, numpy_to_state, state_specs_bytes, state_to_numpy
 from .keys import CHUNK_TOKENS, chain_seed, chunk_keys, tail_key
-from .reader import ChunkRead, ChunkReader, PrefetchTable
-from .transfer import (gather_chunks, gather_request_chunks, gather_request_rows, install_chunks, install_rows,
-                       numpy_view, settle_pool)
+from .reader import ChunkRead, ChunkReader, PrefetchTable, RowBuffers
+from .transfer import (PoolLayout, gather_chunks, gather_request_chunks, gather_request_rows, install_chunks,
+                       install_rows, numpy_view, prepare_pool, settle_pool)
 from .writer import ChunkWriter, drain_at_exit
 
 __all__ = [
     "CHUNK_TOKENS", "LAYOUT_VERSION", "STATE_LAYOUT_VERSION", "TAIL_LAYOUT_VERSION",
     "ChunkRead", "ChunkReader", "ChunkWriter", "HybridState", "MlxChunkEngine", "ModelFingerprint",
-    "PrefetchTable", "RequestPathClock",
+    "PoolLayout", "PrefetchTable", "RequestPathClock", "RowBuffers",
     "chain_seed", "chunk_keys", "drain_at_exit", "gather_chunks", "gather_request_chunks", "gather_request_rows",
-    "install_chunks", "install_rows", "mx_dtype_name", "numpy_to_state", "numpy_view", "settle_pool",
+    "install_chunks", "install_rows", "mx_dtype_name", "numpy_to_state", "numpy_view", "prepare_pool", "settle_pool",
     "state_specs_bytes", "state_to_numpy", "tail_key", "weights_identity",
 ]

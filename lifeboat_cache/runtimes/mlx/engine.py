@@ -11,8 +11,9 @@ import numpy as np
 
 from .fingerprint import ModelFingerprint
 from .keys import chain_seed, chunk_keys, tail_key
-from .reader import ChunkRead, ChunkReader, PrefetchTable
-from .transfer import gather_chunks, gather_request_chunks, install_rows, numpy_view, settle_pool
+from .reader import ChunkRead, ChunkReader, PrefetchTable, RowBuffers
+from .transfer import (PoolLayout, gather_chunks, gather_request_chunks, install_rows, numpy_view, prepare_pool,
+                       settle_pool)
 from .writer import ChunkWriter
 
 if TYPE_CHECKING:
@@ -59,8 +60,11 @@ class MlxChunkEngine:
         self.tail_ns = fingerprint.tail_namespace()
         self.chunk = fingerprint.chunk_tokens
         self.writer = ChunkWriter(store, queue_bytes)
-        self.reader = ChunkReader(store, fingerprint, workers=read_workers)
-        self.prefetches = PrefetchTable(prefetch_bytes if prefetch_bytes is not None else queue_bytes)
+        read_bytes = prefetch_bytes if prefetch_bytes is not None else queue_bytes
+        self.buffers = RowBuffers(fingerprint, max_idle_bytes=read_bytes)
+        self.reader = ChunkReader(store, fingerprint, workers=read_workers, buffers=self.buffers)
+        self.prefetches = PrefetchTable(read_bytes)
+        self._layouts: dict[int, tuple[Any, PoolLayout]] = {}  # id(pool) -> (pool, what install needs)
         self.clock = RequestPathClock()
         self.counters = store.counters
         self._owns_store = owns_store
@@ -188,10 +192,22 @@ class MlxChunkEngine:
         """Install chunks ``read.first .. upto_chunk-1`` and then ``tail`` rows of the prompt tail,
         minus the first ``skip`` rows (scheduler thread)."""
         t0 = time.perf_counter()
-        # no settle first: install_rows evaluates the pool's pending writes together with these rows
         n = upto_chunk - read.first
-        install_rows(pool, slots, read.rows[:, :, :n * self.chunk + tail], skip)
+        install_rows(pool, slots, read.rows[:, :, :n * self.chunk + tail], skip, self.prepare_pool(pool))
+        self.buffers.give(read.rows)  # the rows are in the pool now: the staging buffer serves the next read
+        layers, two, _, heads, dim = read.rows.shape
+        read.rows = np.empty((layers, two, 0, heads, dim), dtype=read.rows.dtype)
         self.clock.add("install", time.perf_counter() - t0)
+
+    def prepare_pool(self, pool: Any) -> PoolLayout:
+        """What installs into ``pool`` need, learned once per pool (scheduler thread; cheap after the
+        first call). The radix cache calls it at its first checkpoint so a first restore does not pay it."""
+        got = self._layouts.get(id(pool))
+        if got is not None and got[0] is pool and got[1].fits(pool):
+            return got[1]
+        layout = prepare_pool(pool)
+        self._layouts = {id(pool): (pool, layout)}  # one pool per engine; a new one replaces it
+        return layout
 
     # -------------------------------------------------------------- hybrid state records
     def put_state(self, key: bytes, state: np.ndarray, affinity: int | None = None) -> int:

@@ -47,12 +47,65 @@ class ChunkRead:
         return self.rows[:, :, :n * c].reshape(layers, two, n, c, heads, dim).transpose(2, 0, 1, 3, 4, 5)
 
 
+class RowBuffers:
+    """Reusable staging rows for reads, so a restore writes into memory that is already mapped.
+
+    A read of R rows needs ``[layers, 2, R, heads, head_dim]``; a fresh ``np.empty`` of that (94 MB for
+    2,048 fp32 SmolLM2 tokens) pays a page fault per 4 KiB on first touch, every restore. ``take``
+    hands out a view of an idle buffer whose capacity fits (rounded up to ``round_rows``), or a new
+    one; ``give`` returns it after the install. A buffer never given back (a prefetch that was not
+    used) is simply garbage-collected. At most ``max_idle_bytes`` are kept idle. Thread-safe.
+    """
+
+    def __init__(self, fingerprint: ModelFingerprint, max_idle_bytes: int, round_rows: int = 512) -> None:
+        self.fp = fingerprint
+        self.max_idle_bytes = max_idle_bytes
+        self.round_rows = max(1, round_rows)
+        self._lock = threading.Lock()
+        self._idle: list[np.ndarray] = []
+        self._out: dict[int, np.ndarray] = {}  # id(base) -> base, for buffers handed out
+
+    def _shape(self, rows: int) -> tuple[int, int, int, int, int]:
+        layers, two, _, heads, dim = self.fp.chunk_shape
+        return (layers, two, rows, heads, dim)
+
+    def take(self, rows: int) -> np.ndarray:
+        """A ``[layers, 2, rows, heads, head_dim]`` view; each layer's K or V rows contiguous."""
+        with self._lock:
+            fits = [b for b in self._idle if b.shape[2] >= rows]
+            if fits:
+                base = min(fits, key=lambda b: b.shape[2])
+                self._idle.remove(base)
+            else:
+                cap = -(-max(rows, 1) // self.round_rows) * self.round_rows
+                base = np.empty(self._shape(cap), dtype=self.fp.np_dtype)
+            self._out[id(base)] = base
+        return base[:, :, :rows]
+
+    def give(self, rows: np.ndarray) -> None:
+        """Return a view from ``take`` once nothing reads it any more (twice, or a foreign array: ignored)."""
+        base = rows.base if rows.base is not None else rows
+        with self._lock:
+            if self._out.pop(id(base), None) is None:
+                return
+            self._idle.append(base)
+            self._idle.sort(key=lambda b: b.nbytes, reverse=True)
+            while sum(b.nbytes for b in self._idle) > self.max_idle_bytes:
+                self._idle.pop(0)  # the largest first
+
+    def idle_bytes(self) -> int:
+        with self._lock:
+            return sum(b.nbytes for b in self._idle)
+
+
 class ChunkReader:
     """Reads runs of consecutive chunks into numpy buffers; safe on any thread (no MLX)."""
 
-    def __init__(self, store: "ChunkStore", fingerprint: ModelFingerprint, workers: int = 2) -> None:
+    def __init__(self, store: "ChunkStore", fingerprint: ModelFingerprint, workers: int = 2,
+                 buffers: RowBuffers | None = None) -> None:
         self.store = store
         self.fp = fingerprint
+        self.buffers = buffers
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lifeboat-mlx-read")
 
     def leading_hits(self, ns: bytes, keys: Sequence[bytes]) -> int:
@@ -65,8 +118,14 @@ class ChunkReader:
         t0 = time.perf_counter()
         layers, two, c, heads, dim = self.fp.chunk_shape
         extra = tail[2] if tail is not None else 0
-        rows = np.empty((layers, two, len(keys) * c + extra, heads, dim), dtype=self.fp.np_dtype)
-        flat = rows.reshape(layers * two, -1)
+        total = len(keys) * c + extra
+        if self.buffers is not None:
+            rows = self.buffers.take(total)
+        else:
+            rows = np.empty((layers, two, total, heads, dim), dtype=self.fp.np_dtype)
+        flat = rows.reshape(layers * two, total * heads * dim)  # a view: each (layer, K/V) block is contiguous
+        if total and not np.may_share_memory(flat, rows):
+            raise AssertionError("ChunkReader: staging rows cannot be viewed flat")  # a copy would lose the read
         step = c * heads * dim
         # chunk i's record is [layers, 2, C, heads, dim]: its 2*layers blocks land in their pool rows
         pages = [[flat[j, i * step:(i + 1) * step] for j in range(layers * two)] for i in range(len(keys))]

@@ -8,10 +8,12 @@ stored rows back. bf16 travels as its uint16 bit pattern (numpy has no bfloat16 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from .fingerprint import mx_dtype_name
 from .keys import CHUNK_TOKENS
 
 if TYPE_CHECKING:  # imported lazily: the package must import without MLX
@@ -156,14 +158,82 @@ def install_chunks(pool: Any, slots: np.ndarray, chunks: np.ndarray, skip: int =
     mx.eval(*pool.all_buffers())
 
 
-def install_rows(pool: Any, slots: np.ndarray, rows: np.ndarray, skip: int = 0) -> None:
+@dataclass(frozen=True)
+class PoolLayout:
+    """What :func:`prepare_pool` learned once about a pool, so each install skips the questions.
+
+    ``numpy_writes``: a numpy view of an evaluated buffer of this dtype is writable and aliases the
+    MLX buffer (checked by writing through one into a scratch array, never into the pool). Then an
+    install is one memcpy per layer and K/V straight into the pool's memory; otherwise it goes
+    through MLX slice updates.
+    """
+
+    num_layers: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: Any            # the pool's mx.Dtype
+    bf16: bool
+    numpy_writes: bool
+
+    def fits(self, pool: Any) -> bool:
+        return (pool.num_layers, pool.n_kv_heads, pool.head_dim, pool.dtype) == (
+            self.num_layers, self.n_kv_heads, self.head_dim, self.dtype)
+
+
+def _bits_view(arr: "mx.array", bf16: bool) -> np.ndarray:
+    """Writable zero-copy numpy view of an evaluated MLX array (bf16 as its uint16 bits)."""
+    import mlx.core as mx
+
+    return np.asarray(arr.view(mx.uint16) if bf16 else arr)
+
+
+def prepare_pool(pool: Any) -> PoolLayout:
+    """Learn once per pool how rows can be installed into it (scheduler thread; touches no pool row)."""
+    import mlx.core as mx
+
+    bf16 = pool.dtype == mx.bfloat16
+    ok = False
+    try:
+        # a scratch array built like the pool's buffers: zeros, then a scatter, evaluated
+        shape = (4, pool.n_kv_heads, pool.head_dim)
+        scratch = mx.zeros(shape, dtype=pool.dtype)
+        scratch[1:2] = mx.ones((1, pool.n_kv_heads, pool.head_dim), dtype=pool.dtype)
+        mx.eval(scratch)
+        view = _bits_view(scratch, bf16)
+        if view.flags.writeable and view.flags.c_contiguous and view.shape == shape:
+            view[2] = view[1]  # the bit pattern of 1.0, written behind MLX's back
+            del view
+            ok = bool(mx.array_equal(scratch[2], scratch[1]).item())  # MLX reads it back
+    except Exception:  # any surprise: the MLX path, which is always right
+        ok = False
+    return PoolLayout(pool.num_layers, pool.n_kv_heads, pool.head_dim, pool.dtype, bf16, ok)
+
+
+def _pool_views(pool: Any, layout: PoolLayout) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+    """Numpy views of every K and V buffer of an evaluated pool, or None where one is not a plain
+    writable C-contiguous buffer of the pool's shape (then the MLX path is taken)."""
+    shape = (pool.k_buffer[0].shape[0], layout.n_kv_heads, layout.head_dim)
+    ks = [_bits_view(b, layout.bf16) for b in pool.k_buffer]
+    vs = [_bits_view(b, layout.bf16) for b in pool.v_buffer]
+    for v in (*ks, *vs):
+        if not (v.flags.writeable and v.flags.c_contiguous and v.shape == shape):
+            return None
+    return ks, vs
+
+
+def install_rows(pool: Any, slots: np.ndarray, rows: np.ndarray, skip: int = 0,
+                 layout: PoolLayout | None = None) -> None:
     """Scatter stored rows in pool layout into pool slots (scheduler thread); the fast restore path.
 
     ``rows`` is ``[layers, 2, R, heads, head_dim]`` (what :class:`ChunkReader` reads records into:
     each layer's K or V rows already contiguous, token-major like the pool). Rows ``skip..R-1`` go
-    to ``slots``. Per layer and K/V: one copy of numpy into MLX and one slice update (or the pool's
-    own ``set_kv_all_layers`` for scattered slots); no transpose, no staging array of all layers.
-    One evaluation of the pool at the end (no separate settle of its pending writes first).
+    to ``slots``. The pool's pending writes are evaluated first (left lazy inside SGLang's prefill
+    graph, the prefill's own rows came out different in the last float bits: tests/integration/
+    test_mlx_radix_cache.py::test_short_in_memory_match_is_extended_mid_chunk). Then, when the
+    ``layout`` (:func:`prepare_pool`) allows it, each layer's K and V rows are copied straight into
+    the pool's memory through numpy views (one memcpy each, no MLX op; the views are dropped before
+    returning, so MLX can still update the buffers in place). Otherwise: one copy into MLX and one
+    slice update per layer and K/V (or the pool's own ``set_kv_all_layers`` for scattered slots).
     """
     import mlx.core as mx
 
@@ -176,16 +246,31 @@ def install_rows(pool: Any, slots: np.ndarray, rows: np.ndarray, skip: int = 0) 
         raise ValueError(f"install_rows: rows {rows.shape} do not fit the pool ({pool.num_layers} layers x "
                          f"{pool.n_kv_heads} heads x {pool.head_dim})")
     bf16 = pool.dtype == mx.bfloat16
+    want = np.dtype(np.uint16) if bf16 else np.dtype(mx_dtype_name(pool.dtype))
+    if rows.dtype != want:
+        raise ValueError(f"install_rows: row dtype {rows.dtype} does not match the pool's {pool.dtype} "
+                         f"(rows must be {want})")
+    run = _contiguous(slots)
+    mx.eval(*pool.all_buffers())  # the pool's pending writes, before its memory is written
+    views = _pool_views(pool, layout) if layout is not None and layout.numpy_writes and layout.fits(pool) else None
+    if views is not None:
+        ks, vs = views
+        if run is not None:
+            a, b = run
+            for layer in range(layers):
+                ks[layer][a:b] = rows[layer, 0, skip:]
+                vs[layer][a:b] = rows[layer, 1, skip:]
+        else:
+            for layer in range(layers):
+                ks[layer][slots] = rows[layer, 0, skip:]
+                vs[layer][slots] = rows[layer, 1, skip:]
+        del ks, vs, views
+        return
 
     def to_mx(x: np.ndarray) -> "mx.array":
         a = mx.array(x)
-        if bf16:
-            return a.view(mx.bfloat16)
-        if a.dtype != pool.dtype:
-            raise ValueError(f"install_rows: row dtype {a.dtype} does not match the pool's {pool.dtype}")
-        return a
+        return a.view(mx.bfloat16) if bf16 else a
 
-    run = _contiguous(slots)
     if run is not None:
         a, b = run
         for layer in range(layers):
@@ -194,7 +279,4 @@ def install_rows(pool: Any, slots: np.ndarray, rows: np.ndarray, skip: int = 0) 
     else:
         idx = mx.array(slots.astype(np.int32))
         pool.set_kv_all_layers(idx, to_mx(rows[:, 0, skip:]), to_mx(rows[:, 1, skip:]))
-    # evaluated here, with the pool's pending writes: left lazy inside SGLang's prefill graph, the
-    # prefill's own rows came out different in the last float bits (tests/integration/
-    # test_mlx_radix_cache.py::test_short_in_memory_match_is_extended_mid_chunk)
     mx.eval(*pool.all_buffers())
