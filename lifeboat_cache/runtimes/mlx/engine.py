@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -64,7 +65,7 @@ class MlxChunkEngine:
         self.buffers = RowBuffers(fingerprint, max_idle_bytes=read_bytes)
         self.reader = ChunkReader(store, fingerprint, workers=read_workers, buffers=self.buffers)
         self.prefetches = PrefetchTable(read_bytes)
-        self._layouts: dict[int, tuple[Any, PoolLayout]] = {}  # id(pool) -> (pool, what install needs)
+        self._layout: tuple[Any, PoolLayout] | None = None  # (weakref to the pool, what installs need)
         self.clock = RequestPathClock()
         self.counters = store.counters
         self._owns_store = owns_store
@@ -202,11 +203,11 @@ class MlxChunkEngine:
     def prepare_pool(self, pool: Any) -> PoolLayout:
         """What installs into ``pool`` need, learned once per pool (scheduler thread; cheap after the
         first call). The radix cache calls it at its first checkpoint so a first restore does not pay it."""
-        got = self._layouts.get(id(pool))
-        if got is not None and got[0] is pool and got[1].fits(pool):
+        got = self._layout
+        if got is not None and got[0]() is pool and got[1].fits(pool):
             return got[1]
         layout = prepare_pool(pool)
-        self._layouts = {id(pool): (pool, layout)}  # one pool per engine; a new one replaces it
+        self._layout = (weakref.ref(pool), layout)  # one pool per engine; a new one replaces it
         return layout
 
     # -------------------------------------------------------------- hybrid state records
