@@ -74,7 +74,8 @@ class BoundedWriter(Generic[J]):
     """
 
     def __init__(self, handle: Callable[[list[J]], None], counters: Counters, *, max_bytes: int,
-                 names: WriterCounters, what: str, queue: str = "background", workers: int = 1, name: str = "lifeboat-writer",
+                 names: WriterCounters, what: str, queue: str = "background", workers: int = 1,
+                 name: str = "lifeboat-writer",
                  max_batch_jobs: int = 1, max_batch_bytes: int | None = None,
                  done: Callable[[list[J]], None] | None = None, items: Callable[[J], int] | None = None,
                  drop_note: Callable[[], str] | None = None, exit_note: str = "",

@@ -57,7 +57,8 @@ class Copier:
         lower = ", ".join(t.name for t in self.tiers[1:])
         self._writer: BoundedWriter[_Item] = BoundedWriter(
             self._copy, counters, max_bytes=max_bytes, workers=workers, name="lifeboat-copy",
-            what=f"copies to {lower}", queue="copy", max_batch_jobs=COPY_BATCH_RECORDS, max_batch_bytes=COPY_BATCH_BYTES,
+            what=f"copies to {lower}", queue="copy", max_batch_jobs=COPY_BATCH_RECORDS,
+            max_batch_bytes=COPY_BATCH_BYTES,
             names=WriterCounters(dropped_full="copy_dropped", dropped_full_bytes="copy_dropped_bytes",
                                  dropped_closed="copy_dropped", dropped_closed_bytes="copy_dropped_bytes",
                                  dropped_exit="copy_dropped", errors="copy_errors"),
