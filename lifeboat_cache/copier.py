@@ -15,14 +15,12 @@ deadline (see store.py) is skipped like one in cooldown.
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from .background import BoundedWriter, WriterCounters
 from .metrics import Counters
 from .tiers import Tier
 
@@ -46,7 +44,7 @@ class _Item:
 
 
 class Copier:
-    """Bounded queue + worker threads that copy records to tiers[1:]."""
+    """Copies records to tiers[1:] through one :class:`~lifeboat_cache.background.BoundedWriter`."""
 
     def __init__(self, tiers: Sequence[Tier], cooldowns: Sequence["Cooldown"], counters: Counters, *,
                  max_bytes: int, workers: int = DEFAULT_COPY_WORKERS,
@@ -56,85 +54,35 @@ class Copier:
         self.cooldowns = list(cooldowns)
         self.counters = counters
         self.max_bytes = max_bytes
-        self._q: deque[_Item] = deque()
-        self._pending = 0  # bytes queued or being written
-        self._busy = 0
-        self._stop = False
-        self._cv = threading.Condition()
-        self._last_drop_log = -DROP_LOG_INTERVAL_S
-        self._threads = [threading.Thread(target=self._run, name=f"lifeboat-copy-{i}", daemon=True)
-                         for i in range(max(1, workers))]
-        for t in self._threads:
-            t.start()
+        lower = ", ".join(t.name for t in self.tiers[1:])
+        self._writer: BoundedWriter[_Item] = BoundedWriter(
+            self._copy, counters, max_bytes=max_bytes, workers=workers, name="lifeboat-copy",
+            what=f"copies to {lower}", queue="copy", max_batch_jobs=COPY_BATCH_RECORDS,
+            max_batch_bytes=COPY_BATCH_BYTES,
+            names=WriterCounters(dropped_full="copy_dropped", dropped_full_bytes="copy_dropped_bytes",
+                                 dropped_closed="copy_dropped", dropped_closed_bytes="copy_dropped_bytes",
+                                 dropped_exit="copy_dropped", errors="copy_errors"),
+            drop_note=lambda: f"the pages stay on {self.tiers[0].name}",
+            exit_note=f"the pages stay on {self.tiers[0].name}" if self.tiers else "",
+            drop_log_interval_s=DROP_LOG_INTERVAL_S)
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending
+        return self._writer.pending_bytes
 
     def offer(self, ikey: int, digest: bytes, parts: Sequence[object], length: int, affinity: int) -> bool:
         """Queue a copy of one record; False when it was dropped (queue full, or no tier to take it)."""
         if all(cd.active() for cd in self.cooldowns[1:]):
             self.counters.add("copy_skipped_cooldown")
             return False
-        if self._stop or self._pending + length > self.max_bytes:
-            self._dropped(length)
+        if self._writer.room() < length:  # checked before the snapshot: a full queue costs no copy
+            self._writer.drop(1, length, closed=self._writer.closed)
             return False
         record = b"".join(parts)  # type: ignore[arg-type]  # snapshot: the caller reuses its buffers
-        with self._cv:
-            if self._stop or self._pending + length > self.max_bytes:
-                full = True
-            else:
-                full = False
-                self._q.append(_Item(ikey, digest, record, affinity))
-                self._pending += length
-                self._cv.notify()
-        if full:
-            self._dropped(length)
+        if not self._writer.offer(_Item(ikey, digest, record, affinity), length):
             return False
         self.counters.add("copy_queued")
         return True
-
-    def _dropped(self, length: int) -> None:
-        self.counters.add("copy_dropped")
-        self.counters.add("copy_dropped_bytes", length)
-        now = time.monotonic()
-        if now - self._last_drop_log >= DROP_LOG_INTERVAL_S:
-            self._last_drop_log = now
-            log.warning("lifeboat: copy queue full (%d of %d MiB queued): dropping copies to %s "
-                        "(%d dropped so far); the pages stay on %s", self._pending >> 20, self.max_bytes >> 20,
-                        ", ".join(t.name for t in self.tiers[1:]), self.counters.get("copy_dropped"),
-                        self.tiers[0].name)
-
-    def _take(self) -> list[_Item] | None:
-        with self._cv:
-            while not self._q and not self._stop:
-                self._cv.wait()
-            if not self._q:
-                return None
-            batch = [self._q.popleft()]
-            size = len(batch[0].record)
-            while self._q and len(batch) < COPY_BATCH_RECORDS and size + len(self._q[0].record) <= COPY_BATCH_BYTES:
-                item = self._q.popleft()
-                batch.append(item)
-                size += len(item.record)
-            self._busy += 1
-            return batch
-
-    def _run(self) -> None:
-        while True:
-            batch = self._take()
-            if batch is None:
-                return
-            try:
-                self._copy(batch)
-            except Exception:  # a bug must not kill the thread: the queue would fill for good
-                log.exception("lifeboat: background copy failed")
-                self.counters.add("copy_errors", len(batch))
-            finally:
-                with self._cv:
-                    self._pending -= sum(len(it.record) for it in batch)
-                    self._busy -= 1
-                    self._cv.notify_all()
 
     def _copy(self, batch: list[_Item]) -> None:
         for level, (tier, cd) in enumerate(zip(self.tiers[1:], self.cooldowns[1:]), 1):
@@ -165,27 +113,8 @@ class Copier:
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every queued copy is written (or dropped); False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            while self._q or self._busy:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cv.wait(left)
-        return True
+        return self._writer.flush(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish what is queued (up to timeout), then stop; copies still queued are dropped."""
-        self.drain(timeout)
-        with self._cv:
-            self._stop = True
-            left = len(self._q)
-            self._pending -= sum(len(it.record) for it in self._q)
-            self._q.clear()
-            self._cv.notify_all()
-        if left:
-            self.counters.add("copy_dropped", left)
-            log.warning("lifeboat: closing with %d copies not written to %s", left,
-                        ", ".join(t.name for t in self.tiers[1:]))
-        for t in self._threads:
-            t.join(timeout=5)
+        self._writer.close(timeout)

@@ -24,7 +24,7 @@ from ..config import ConfigError, Settings, load_settings
 from ..envvars import DEFAULT_REBUILD_WAIT_S, ENV_REBUILD_WAIT, parse_rebuild_wait  # noqa: F401  (re-exported)
 from ..runtimes.mlx import (CHUNK_TOKENS, MlxChunkEngine, ModelFingerprint, drain_at_exit, mx_dtype_name,
                              weights_identity)
-from ..runtimes.mlx_hybrid import HybridState
+from ..runtimes.mlx.hybrid import HybridState
 from ..statsfile import StatsReporter
 from .sglang_mlx_cache import HYBRID_CONCURRENCY_MESSAGE, LifeboatMlxRadixCache
 from .sglang_mlx_patches import auxiliary_state_component, install_arrival_hook

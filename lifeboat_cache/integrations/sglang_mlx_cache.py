@@ -5,12 +5,12 @@ scheduler thread that owns the MLX pool (the factory in ``sglang_mlx`` builds it
 
 * **write** (``checkpoint`` of a finished request): the request's full 64-token chunks that the store
   does not hold yet are gathered out of ``MlxAttentionKVPool``, evaluated, and handed as numpy views to
-  the background writer (``runtimes/mlx.py``), which stores them uncompressed in the local tier;
+  the background writer (``runtimes/mlx/writer.py``), which stores them uncompressed in the local tier;
   so is the prompt's partial last chunk (its *tail*, up to 63 tokens, in its own namespace), so the
   same prompt again restores all SGLang matches (all but its last token) and prefills one token.
 * **read** (``match_prefix``): a short in-memory match is extended with the consecutive chunks the
   store holds (and the prompt's tail when every chunk before it is stored): pool slots are allocated
-  (evicting if needed), the K/V rows installed (one slice update per layer and K/V), the tokens
+  (evicting if needed), the K/V rows installed (one copy per layer and K/V into the pool's memory), the tokens
   inserted into the tree, and the longer match returned. The read
   itself starts when the request *arrives* (``on_request_arrival``, called from the scheduler's
   ``_prefetch_kvcache``, which ``sglang_mlx_patches`` wraps), so it overlaps the request's wait in
@@ -48,7 +48,7 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from ..cooldown import RateLimitedLog
 from ..runtimes.mlx import ChunkRead, MlxChunkEngine, gather_chunks, gather_request_rows, settle_pool
-from ..runtimes.mlx_hybrid import HybridState
+from ..runtimes.mlx.hybrid import HybridState
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -296,6 +296,9 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
     def checkpoint(self, req: "Req", *, up_to: int, **kwargs: Any) -> None:
         if not self.disable and req.finished():
             try:
+                pool = self._pool()
+                if pool is not None:  # once per pool: the first restore does not pay it
+                    self.lifeboat.prepare_pool(pool)
                 self._capture(req, up_to)
             except Exception:
                 self.lifeboat.counters.add("mlx_capture_errors")

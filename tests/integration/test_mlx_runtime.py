@@ -1,4 +1,4 @@
-"""runtimes/mlx.py with real MLX arrays, SGLang's real MlxAttentionKVPool and a real ChunkStore.
+"""runtimes/mlx/ (the package) with real MLX arrays, SGLang's real MlxAttentionKVPool and a real ChunkStore.
 
 What is proven here (fast, in-process, no model):
 * keys: chained over all earlier tokens (position-dependent), partitioned by namespace / extra_key /
@@ -296,15 +296,74 @@ def test_read_in_pool_layout_with_tail_installs_bitwise(store, dtype) -> None:
     assert np.array_equal(read.buf, np.array(lbmlx.numpy_view(lbmlx.gather_chunks(src, src_slots[:3 * C]))))
     want = _rows(src, src_slots)
     rng = np.random.default_rng(3)
+    layout = lbmlx.prepare_pool(_pool(dtype, seed=12))
+    assert layout.numpy_writes  # on Linux CPU the numpy path is the one taken; the MLX path is checked too
     for dst_slots, skip in ((np.arange(600, 600 + stop), 0), (rng.permutation(np.arange(1, 1000))[:stop - 40], 40)):
-        dst = _pool(dtype, seed=12)
-        lbmlx.install_rows(dst, dst_slots, read.rows[:, :, :stop], skip)
-        got = _rows(dst, dst_slots)
-        assert all(np.array_equal(g.view(np.uint8), w[:, skip:].view(np.uint8)) for g, w in zip(got, want))
+        for how in (None, layout):
+            dst = _pool(dtype, seed=12)
+            others = np.setdiff1d(np.arange(1, 1024), dst_slots)
+            before = _rows(dst, others)
+            lbmlx.install_rows(dst, dst_slots, read.rows[:, :, :stop], skip, how)
+            got = _rows(dst, dst_slots)
+            assert all(np.array_equal(g.view(np.uint8), w[:, skip:].view(np.uint8)) for g, w in zip(got, want))
+            assert all(np.array_equal(a.view(np.uint8), b.view(np.uint8)) for a, b in zip(_rows(dst, others), before))
     # a tail is read only after every chunk before it verified
     missing = eng.read([keys[0], b"\x01" * 32, keys[2]], 0, tail=tail)
     assert missing.n_ok == 1 and missing.tail == 0
     eng.close()
+
+
+def test_engine_install_reuses_its_staging_rows_and_the_pool_stays_sglangs(store) -> None:
+    """``MlxChunkEngine.install`` writes through numpy views of the pool (``prepare_pool``), gives the
+    staging rows back for the next read (same memory, no fresh allocation), and leaves a pool that
+    SGLang's own ``set_kv`` still updates correctly afterwards, without disturbing installed rows."""
+    fp = _fp()
+    eng = lbmlx.MlxChunkEngine(store, fp, queue_bytes=64 << 20, owns_store=False)
+    src = _pool(mx.float32, seed=21)
+    keys = eng.keys(eng.seed(), list(range(4 * C)), 4)
+    assert eng.capture(src, [np.arange(1 + i * C, 1 + (i + 1) * C) for i in range(4)], keys) == 4
+    assert eng.writer.flush(10)
+    want = _rows(src, np.arange(1, 1 + 4 * C))
+    dst = _pool(mx.float32, seed=22)
+    layout = eng.prepare_pool(dst)
+    assert layout.numpy_writes and eng.prepare_pool(dst) is layout  # learned once per pool
+    bases = []
+    for rep, first in enumerate((0, 1)):
+        read = eng.read(keys[first:], first)
+        assert read.n_ok == 4 - first
+        bases.append(read.rows.base)
+        slots = np.arange(300 + rep * 400, 300 + rep * 400 + (4 - first) * C)
+        eng.install(dst, slots, read, 4, 0)
+        assert read.rows.size == 0  # the staging rows went back; nothing can read them through `read`
+        got = _rows(dst, slots)
+        assert all(np.array_equal(g, w[:, first * C:]) for g, w in zip(got, want))
+    assert bases[0] is not None and bases[1] is bases[0]  # the second read reused the first one's buffer
+    assert eng.buffers.idle_bytes() == bases[0].nbytes
+    # SGLang writes on: its own scatter into other slots, evaluated; the installed rows are intact
+    new = mx.random.normal((C, 2, 8), key=mx.random.key(9))
+    for layer in range(3):
+        dst.set_kv(layer, mx.arange(900, 900 + C), new, new)
+    mx.eval(*dst.all_buffers())
+    assert np.array_equal(_rows(dst, np.arange(900, 900 + C))[0][1], np.array(new))
+    assert all(np.array_equal(g, w) for g, w in zip(_rows(dst, np.arange(300, 300 + 4 * C)), want))
+    eng.close()
+
+
+def test_row_buffers_reuse_and_bound_what_they_keep() -> None:
+    fp = _fp()
+    rb = lbmlx.RowBuffers(fp, max_idle_bytes=fp.chunk_bytes * 16, round_rows=2 * C)
+    a = rb.take(C + 5)
+    assert a.shape == (3, 2, C + 5, 2, 8) and a.base.shape[2] == 2 * C
+    rb.give(a)
+    rb.give(a)  # twice: ignored
+    rb.give(np.empty_like(a))  # not ours: ignored
+    assert rb.idle_bytes() == a.base.nbytes
+    b = rb.take(2 * C)
+    assert b.base is a.base and rb.idle_bytes() == 0
+    big = rb.take(40 * C)  # larger than what may stay idle: given back, it is let go
+    rb.give(b)
+    rb.give(big)
+    assert rb.idle_bytes() == b.base.nbytes
 
 
 def test_install_rows_refuses_a_dtype_or_geometry_mismatch() -> None:

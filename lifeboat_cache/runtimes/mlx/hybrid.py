@@ -13,13 +13,58 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .mlx import mx_dtype_name, numpy_to_state, state_specs_bytes, state_to_numpy
+from .fingerprint import mx_dtype_name
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 log = logging.getLogger(__name__)
+
+
+def state_to_numpy(arrays: Sequence["mx.array"]) -> np.ndarray:
+    """Pack evaluated recurrent-state arrays into one flat byte vector (scheduler thread).
+
+    Layout: each array's raw bytes, in order; shapes and dtypes are fixed by the model and recorded
+    in the fingerprint's ``state_layout``, so a record only returns to a model with the same layout.
+    """
+    import mlx.core as mx
+
+    parts = []
+    for a in arrays:
+        if a.dtype == mx.bfloat16:
+            a = a.view(mx.uint16)
+        parts.append(np.asarray(a).reshape(-1).view(np.uint8))
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+
+
+def numpy_to_state(buf: np.ndarray, specs: Sequence[tuple[tuple[int, ...], str]]) -> list["mx.array"]:
+    """Inverse of :func:`state_to_numpy` for the given (shape, dtype-name) specs (scheduler thread)."""
+    import mlx.core as mx
+
+    out = []
+    off = 0
+    for shape, dname in specs:
+        np_dt = np.dtype(np.uint16) if dname == "bfloat16" else np.dtype(dname)
+        n = int(np.prod(shape)) * np_dt.itemsize
+        a = mx.array(buf[off:off + n].view(np_dt).reshape(shape))
+        if dname == "bfloat16":
+            a = a.view(mx.bfloat16)
+        out.append(a)
+        off += n
+    if off != buf.nbytes:
+        raise ValueError(f"state record is {buf.nbytes} bytes, layout wants {off}")
+    return out
+
+
+def state_specs_bytes(specs: Iterable[tuple[tuple[int, ...], str]]) -> int:
+    total = 0
+    for shape, dname in specs:
+        total += int(np.prod(shape)) * (2 if dname == "bfloat16" else np.dtype(dname).itemsize)
+    return total
 
 
 class HybridState:
