@@ -403,7 +403,8 @@ class SegmentDir:
         pos = 0
         while pos < len(keys):  # a big input (a snapshot) goes in growing pieces too
             end = pos + max(1, max(_BATCH_MIN, self._batched) - self._batch_n)
-            self._batch.append((keys[pos:end], units[pos:end], offs[pos:end], lens[pos:end]))
+            # compact copies of trailer columns (strided views would keep whole 32 B/row tables alive)
+            self._batch.append(tuple(np.ascontiguousarray(c[pos:end]) for c in (keys, units, offs, lens)))
             self._batch_n += len(self._batch[-1][0])
             pos = end
             if self._batch_n >= max(_BATCH_MIN, self._batched):
@@ -413,8 +414,15 @@ class SegmentDir:
         """Index the batched entries in one bulk insert, leaving out units dropped meanwhile."""
         if not self._batch:
             return
-        parts, self._batch, self._batch_n = self._batch, [], 0
-        keys, units, offs, lens = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        parts, self._batch, self._batch_n = [list(p) for p in self._batch], [], 0
+        cols = []
+        for i in range(4):  # column by column, each part's column freed once copied: one copy, not two
+            cols.append(np.concatenate([p[i] for p in parts]))
+            for p in parts:
+                p[i] = None
+        del parts
+        keys, units, offs, lens = cols
+        del cols
         with self._lock:  # unit ids are small: a table of the live ones, one gather per entry
             alive = np.zeros(max(self._next_unit, int(units.max()) + 1), bool)
             alive[[uid for uid, u in self._units.items() if not u.dropped]] = True
