@@ -164,6 +164,7 @@ class SegmentDir:
         self.snapshot_changed_share = SNAPSHOT_CHANGED_SHARE
         self._snap_covered: dict[str, int] = {}  # segment name -> bytes
         self._snap_tried = time.monotonic()
+        self._snap_save = threading.Lock()  # close()'s save waits for a periodic one: the last view wins
         self.counters = Counters()  # updated from the index thread, writers and the store's io threads
         self.counters.declare(
             "change_catch_ups",
@@ -923,6 +924,10 @@ class SegmentDir:
         next open."""
         if self.read_only:
             return False
+        with self._snap_save:
+            return self._save_snapshot()
+
+    def _save_snapshot(self) -> bool:
         t0 = time.perf_counter()
         with self._lock:
             units = [snap.SnapshotUnit(u.name, u.id, u.scanned, True)
