@@ -59,6 +59,13 @@ _BATCH_MIN = 1 << 16  # entries per bulk index insert during the initial rebuild
 DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
 CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (one pread) while busy
 CHANGE_POLL_IDLE_S = 0.02  # ... and after a second without any change (idle CPU: ~0.2% of a core per directory)
+# periodic snapshots (a crash reopen then loads it and scans only what is newer): written by the index
+# thread when sealed segments not in the last snapshot hold SNAPSHOT_CHANGED_SHARE of the bytes it
+# covered (and at least SNAPSHOT_MIN_SEGMENTS of them), at most once per SNAPSHOT_INTERVAL_S per
+# directory: a process skips its turn while the file on disk is younger (another process wrote it)
+SNAPSHOT_INTERVAL_S = 60.0
+SNAPSHOT_MIN_SEGMENTS = 4
+SNAPSHOT_CHANGED_SHARE = 0.05
 
 
 @dataclass
@@ -153,13 +160,21 @@ class SegmentDir:
         self._batch_owner: int | None = None  # thread id of the rebuild while it batches
         self._batch: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._batch_n = self._batched = 0
+        # periodic snapshot: the segments the last one (written or loaded) covered, and when it was tried
+        self.snapshot_interval_s = SNAPSHOT_INTERVAL_S
+        self.snapshot_min_segments = SNAPSHOT_MIN_SEGMENTS
+        self.snapshot_changed_share = SNAPSHOT_CHANGED_SHARE
+        self._snap_covered: dict[str, int] = {}  # segment name -> bytes
+        self._snap_tried = time.monotonic()
+        self._snap_save = threading.Lock()  # close()'s save waits for a periodic one: the last view wins
         self.counters = Counters()  # updated from the index thread, writers and the store's io threads
         self.counters.declare(
             "change_catch_ups",
             "scan_records", "scan_torn", "scan_damaged_bytes", "evicted_segments",
             "evicted_bytes", "sealed_segments", "seal_failures", "rebuild_ms",
             "foreign_files", "quarantine_bad_lines", "snapshot_discarded",
-            "snapshot_dropped_entries", "snapshot_mismatched_units")
+            "snapshot_dropped_entries", "snapshot_mismatched_units", "snapshot_pages", "snapshot_segments",
+            "scanned_segments", "snapshot_saves", "snapshot_save_failures", "snapshot_save_ms")
         if not read_only:
             self._check_writable()
             self._open_changes()  # a read-only open (stats, ls, verify) neither creates nor polls it
@@ -251,6 +266,7 @@ class SegmentDir:
                         self._seen_changes = self._changes.read()  # type: ignore[union-attr]
                     self._refresh(initial=False)
                     self._maybe_time_seal()
+                    self._maybe_snapshot()
                     next_refresh = time.monotonic() + self.refresh_interval_s
                 elif polling:
                     self._catch_up()
@@ -390,7 +406,8 @@ class SegmentDir:
         pos = 0
         while pos < len(keys):  # a big input (a snapshot) goes in growing pieces too
             end = pos + max(1, max(_BATCH_MIN, self._batched) - self._batch_n)
-            self._batch.append((keys[pos:end], units[pos:end], offs[pos:end], lens[pos:end]))
+            # compact copies of trailer columns (strided views would keep whole 32 B/row tables alive)
+            self._batch.append(tuple(np.ascontiguousarray(c[pos:end]) for c in (keys, units, offs, lens)))
             self._batch_n += len(self._batch[-1][0])
             pos = end
             if self._batch_n >= max(_BATCH_MIN, self._batched):
@@ -400,8 +417,15 @@ class SegmentDir:
         """Index the batched entries in one bulk insert, leaving out units dropped meanwhile."""
         if not self._batch:
             return
-        parts, self._batch, self._batch_n = self._batch, [], 0
-        keys, units, offs, lens = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        parts, self._batch, self._batch_n = [list(p) for p in self._batch], [], 0
+        cols = []
+        for i in range(4):  # column by column, each part's column freed once copied: one copy, not two
+            cols.append(np.concatenate([p[i] for p in parts]))
+            for p in parts:
+                p[i] = None
+        del parts
+        keys, units, offs, lens = cols
+        del cols
         with self._lock:  # unit ids are small: a table of the live ones, one gather per entry
             alive = np.zeros(max(self._next_unit, int(units.max()) + 1), bool)
             alive[[uid for uid, u in self._units.items() if not u.dropped]] = True
@@ -451,6 +475,8 @@ class SegmentDir:
             unit.size = size
             if size == unit.walked:
                 return
+            if unit.scanned == 0 and unit.walked == -1:
+                self.counters.add("scanned_segments")  # first read of this segment (not in the snapshot)
             table = read_table(fd, size)
             if table is not None:
                 self._index_table(unit, table, size)
@@ -955,11 +981,19 @@ class SegmentDir:
             self._log_once("quarantine-write", "lifeboat: cannot record quarantine in %s: %s", self.path, e)
 
     # ------------------------------------------------------------------ snapshot
-    def save_snapshot(self) -> None:
+    def save_snapshot(self) -> bool:
         """Persist the index shard by shard (temp file, fsync, rename) so the next open has its first
-        hits at once. Only entries of sealed, fully scanned segments go in; memory: one shard."""
+        hits at once. Only entries of sealed, fully scanned segments go in; memory: one shard.
+
+        Returns whether it was written; a failure (full disk) is logged once and only costs a slower
+        next open."""
         if self.read_only:
-            return
+            return False
+        with self._snap_save:
+            return self._save_snapshot()
+
+    def _save_snapshot(self) -> bool:
+        t0 = time.perf_counter()
         with self._lock:
             units = [snap.SnapshotUnit(u.name, u.id, u.scanned, True)
                      for u in self._units.values() if u.sealed and not u.own and u.scanned == u.size]
@@ -972,12 +1006,49 @@ class SegmentDir:
                 keep = eligible[np.minimum(uids, len(eligible) - 1)]
                 yield (sh, x, uids, offs, lens) if keep.all() else (sh, x[keep], uids[keep], offs[keep], lens[keep])
 
+        ok = False
         try:
             snap.save(self.path, units, shards(), self.file_mode)
+            ok = True
         except OSError as e:
-            self._log_once("snapshot-save", "lifeboat: cannot save index snapshot in %s: %s", self.path, e)
+            self.counters.add("snapshot_save_failures")
+            self._log_once("snapshot-save", "lifeboat: cannot save index snapshot in %s: %s (the next open "
+                                            "scans more; serving goes on)", self.path, e)
         for name in snap.remove_stale(self.path):
             log.info("lifeboat: %s: removed %s (an old snapshot format or a crashed save)", self.path, name)
+        if ok:
+            self._snap_covered = {u.name: u.scanned for u in units}
+            self.counters.add("snapshot_saves")
+            self.counters.set("snapshot_save_ms", int((time.perf_counter() - t0) * 1000))
+        return ok
+
+    def _snapshot_due(self) -> bool:
+        """Enough sealed bytes outside the last snapshot: SNAPSHOT_CHANGED_SHARE of what it covered, in
+        at least snapshot_min_segments segments."""
+        covered = self._snap_covered
+        with self._lock:
+            new = [u.size for u in self._units.values()
+                   if u.sealed and not u.own and u.scanned == u.size and u.name not in covered]
+        base = sum(covered.values())
+        return len(new) >= self.snapshot_min_segments and sum(new) >= self.snapshot_changed_share * base
+
+    def _maybe_snapshot(self) -> None:
+        """Write a periodic snapshot from the index thread when one is due (see SNAPSHOT_INTERVAL_S)."""
+        if self.read_only or self._closed.is_set():
+            return
+        now = time.monotonic()
+        if now - self._snap_tried < self.snapshot_interval_s or not self._snapshot_due():
+            return
+        self._snap_tried = now
+        try:  # another process wrote one lately: its turn (it covers the same sealed segments)
+            age = time.time() - os.stat(self.path / SNAPSHOT_NAME).st_mtime
+            if 0 <= age < self.snapshot_interval_s:
+                return
+        except OSError:
+            pass
+        if self.save_snapshot():
+            log.info("lifeboat: %s: periodic index snapshot of %d segments in %d ms", self.path,
+                     len(self._snap_covered), self.counters["snapshot_save_ms"])
 
     def _discard_snapshot(self, why: object) -> None:
         self.counters.add("snapshot_discarded", 1)
@@ -1051,6 +1122,9 @@ class SegmentDir:
             self._discard_snapshot(e)
             return
         self.counters.add("snapshot_dropped_entries", dropped)
+        # each bulk insert merges into every shard (cost ~ the index's size): the scan of the segments
+        # newer than the snapshot goes in as one batch (up to the snapshot's size), not a doubling series
+        self._batched = max(self._batched, reader.total - dropped)
         log.info("lifeboat: %s: loaded index snapshot with %d pages in %.0f ms", self.path,
                  reader.total - dropped, (time.perf_counter() - t0) * 1000)
         self._check_snapshot(loaded, counts, sums)
@@ -1108,6 +1182,11 @@ class SegmentDir:
                 unit.sealed, unit.scanned, unit.walked = False, 0, -1  # the refresh scans it afresh
             self._log_once("snapshot-bad", "lifeboat: %s: the index snapshot disagreed with %d segment(s); "
                                            "rescanning them", self.path, len(bad))
+        bad_ids = {u.id for u in bad}
+        kept = [u for u, _ in loaded if u.id not in bad_ids]
+        self._snap_covered = {u.name: u.size for u in kept}
+        self.counters.add("snapshot_segments", len(kept))
+        self.counters.add("snapshot_pages", int(sum(int(counts[i]) for u, i in loaded if u.id not in bad_ids)))
         for unit, _ in loaded:
             if unit.id in tables:
                 self._index_entries(unit, tables[unit.id]["key"], tables[unit.id]["offset"],

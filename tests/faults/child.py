@@ -3,6 +3,7 @@
     python child.py write CONFIG THREADS PAGES HOLD [close]   # prints "A <key>" per acknowledged page
     python child.py check CONFIG KEYS_FILE                      # prints one JSON line of counts
     python child.py fill CONFIG THREADS PAGES                   # write until the disk is full, close, audit
+    python child.py snapwrite CONFIG PAGES_AFTER                # write until a periodic snapshot exists, then more
 
 `HOLD` >= 0 holds back that (global) record write forever, as a writer thread stalled between
 reserving its offset and writing it would: later records of the same segment are written and
@@ -160,8 +161,45 @@ def fill(config: str, threads: int, pages: int) -> None:
                       "write_errors": stats["counters"].get("write_errors", 0)}))
 
 
+def snapwrite(config: str, after: int) -> None:
+    """Write (thresholds lowered) until the index thread wrote a periodic snapshot, stop further ones,
+    write `after` more pages (in segments the snapshot does not know), print DONE, wait for the SIGKILL."""
+    import os
+
+    import lifeboat_cache.tiers.segment as seg
+
+    seg.SNAPSHOT_INTERVAL_S, seg.SNAPSHOT_MIN_SEGMENTS = 0.1, 2
+    settings = load_settings(config)
+    st = ChunkStore.open(settings)
+    d = st.tiers[0].dirs[0]
+    snap_file = os.path.join(str(settings.storage[0].paths[0]), seg.SNAPSHOT_NAME)
+    i = 0
+
+    def put(n: int) -> None:
+        nonlocal i
+        for _ in range(0, n, 4):
+            batch = [f"s-{j}" for j in range(i, i + 4)]
+            i += 4
+            ok = st.put(NS, batch, [page(k) for k in batch])
+            sys.stdout.write("".join(f"A {k}\n" for k, good in zip(batch, ok) if good))
+            sys.stdout.flush()
+
+    deadline = time.monotonic() + 60
+    while d.counters["snapshot_saves"] == 0 and time.monotonic() < deadline:
+        put(16)
+        time.sleep(0.01)
+    d.snapshot_interval_s = 1e9  # no later periodic snapshot: what follows is only in segments
+    sys.stdout.write(f"SNAP {os.path.exists(snap_file)}\n")
+    put(after)
+    sys.stdout.write("DONE\n")
+    sys.stdout.flush()
+    threading.Event().wait()  # wait for the SIGKILL
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "fill":
+    if sys.argv[1] == "snapwrite":
+        snapwrite(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "fill":
         fill(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1] == "write":
         write(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
