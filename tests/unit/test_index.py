@@ -381,3 +381,33 @@ def test_reopen_of_many_segments_indexes_every_entry(tmp_path) -> None:
     check()  # stale snapshot
     os.unlink(os.path.join(root, SNAPSHOT_NAME))
     check()  # crash: no snapshot
+
+
+def test_delta_arrays_converts_in_chunks_without_a_garbage_collection() -> None:
+    """A frozen delta (several chunks, with removals) becomes exactly its arrays, and the conversion
+    creates no object per entry: no garbage collection (of SGLang's whole heap, under the GIL) can
+    start in the middle of a merge because of it."""
+    import gc
+
+    from lifeboat_cache import index as index_mod
+
+    n = 3 * index_mod._CHUNK + 7
+    ks = np.random.default_rng(9).integers(-2**63, 2**63 - 1, n, dtype=np.int64).tolist()
+    f = {k: None if i % 5 == 0 else Loc(i, 2**40 + i, 4096 + i) for i, k in enumerate(ks)}
+    starts: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            starts.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(seen)
+    try:
+        keys, units, offs, lens, live = Index._delta_arrays(f)
+    finally:
+        gc.callbacks.remove(seen)
+    assert starts == []
+    assert keys.tolist() == ks and live.tolist() == [i % 5 != 0 for i in range(n)]
+    want = [(i, 2**40 + i, 4096 + i) for i in range(n) if i % 5]
+    assert list(zip(units[live].tolist(), offs[live].tolist(), lens[live].tolist())) == want
+    assert (units.dtype, offs.dtype, lens.dtype) == (np.uint32, np.uint64, np.uint32)
