@@ -211,8 +211,9 @@ class Index:
             a = m.arena
             lo = m.dir[x >> m.shift]
             eq = rows[lo] == x[:, None]  # one contiguous w-wide row per key: a memcpy, not w gathers
-            pos = lo + eq.argmax(axis=1)
-            hit = eq.any(axis=1)
+            first = eq.argmax(axis=1)    # the equal column of each row (0 when none)
+            hit = eq.reshape(-1)[np.arange(0, eq.size, eq.shape[1]) + first]  # cheaper than any(axis=1)
+            pos = lo + first
             # not `any(self._dead)`: a merge publishing a compacted shard zeroes its count while a
             # reader that already read the old directory still reads the old region's DEAD entries
             if want_loc or self._ever_dropped:
