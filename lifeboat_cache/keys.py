@@ -60,7 +60,7 @@ def digests(ns: bytes, keys: list[str | bytes] | tuple[str | bytes, ...]) -> tup
     return ds, ik
 
 
-DIGEST_CACHE_ENTRIES = 1 << 15  # ~8 MB at most with SGLang's 64-char hex keys
+DIGEST_CACHE_ENTRIES = 1 << 15  # ~6.5 MB at most: ~80 B per entry, ~200 B with the 64-char hex key it holds
 
 
 class DigestCache:
@@ -69,8 +69,11 @@ class DigestCache:
 
     The cache maps the exact key object (str or bytes, per namespace) to the digest blake2b gave it,
     so the identity keeps every property of the keyed 128-bit digest; only recomputation is saved.
-    Full: emptied (no per-hit bookkeeping). Thread-safe: single dict operations under the GIL, and a
-    lost race only computes a digest twice.
+    Only `exists` (`index_keys`) adds entries; put / get (`__call__`) use them but add none, since
+    their keys were just asked by `exists` or are new pages that would push its keys out (a thread
+    storing pages emptied the cache about once a second in bench/index_scale.py). Full: emptied (no
+    per-hit bookkeeping). Thread-safe: single dict operations under the GIL, and a lost race only
+    computes a digest twice.
     """
 
     def __init__(self, limit: int = DIGEST_CACHE_ENTRIES) -> None:
@@ -78,7 +81,9 @@ class DigestCache:
         self._maps: dict[bytes, tuple[Any, dict[str | bytes, bytes]]] = {}
         self._size = 0
 
-    def __call__(self, ns: bytes, keys: list[str | bytes] | tuple[str | bytes, ...]) -> tuple[list[bytes], np.ndarray]:
+    def __call__(self, ns: bytes, keys: list[str | bytes] | tuple[str | bytes, ...],
+                 remember: bool = False) -> tuple[list[bytes], np.ndarray]:
+        """(digests, int64 index keys) of `keys`; `remember`: keep the ones computed here."""
         entry = self._maps.get(ns)
         if entry is None:
             entry = self._maps.setdefault(bytes(ns), (hashlib.blake2b(digest_size=16, key=ns), {}))
@@ -95,12 +100,29 @@ class DigestCache:
                     h = copy()
                     h.update(k.encode() if isinstance(k, str) else key_bytes(k))
                     d = ds[i] = h.digest()
-                    if self._size >= self._limit:
-                        for _, m in self._maps.values():
-                            m.clear()
-                        self._size = 0
-                    memo[k] = d
-                    self._size += 1
+                    if remember:
+                        if self._size >= self._limit:
+                            for _, m in self._maps.values():
+                                m.clear()
+                            self._size = 0
+                        memo[k] = d
+                        self._size += 1
         if not ds:
             return ds, np.empty(0, dtype=np.int64)
         return ds, np.frombuffer(b"".join(ds), dtype="<i8")[::2].copy()
+
+    def index_keys(self, ns: bytes, keys: list[str | bytes] | tuple[str | bytes, ...]) -> np.ndarray:
+        """Only the int64 index keys, remembering their digests (`exists`). When every key is cached:
+        one C-level join of the cached digests, without a digest list, a None scan or a second memo.
+        Any miss (or an unhashable key, or a cache emptied meanwhile by another thread) takes the
+        full path."""
+        entry = self._maps.get(ns)
+        if entry is not None:
+            try:
+                joined = b"".join(map(entry[1].__getitem__, keys))
+            except (KeyError, TypeError):
+                pass
+            else:
+                if len(joined) == 16 * len(keys):  # every cached value is a 16-byte digest; never misalign
+                    return np.frombuffer(joined, dtype="<i8")[::2].copy()
+        return self(ns, keys, remember=True)[1]

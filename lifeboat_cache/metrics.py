@@ -69,6 +69,26 @@ class Counters:
         with self._lock:
             self._values[name] = self._values.get(name, 0) + n
 
+    def add_many(self, counts: dict[str, int], observe: tuple[str, float] | None = None) -> None:
+        """Increment several counters and, optionally, record one call's latency (name, seconds)
+        under one lock acquisition: a hot path's bookkeeping in one call (`exists` runs per prompt)."""
+        with self._lock:
+            values = self._values
+            for name, n in counts.items():
+                values[name] = values.get(name, 0) + n
+            if observe is None:
+                return
+            h = self._hists.get(observe[0])
+            if h is None:
+                h = self._hists[observe[0]] = Histogram()
+            h.observe(observe[1])
+            listeners = list(self._listeners) if self._listeners else ()
+        for fn in listeners:
+            try:
+                fn(*observe)
+            except Exception:  # an exporter's trouble must never reach the I/O path
+                pass
+
     def set(self, name: str, value: int) -> None:
         """Set a gauge-like value (e.g. the last rebuild's duration)."""
         with self._lock:

@@ -160,25 +160,35 @@ class ChunkStore:
     # ------------------------------------------------------------------ lookups
     def contains(self, ns: bytes, keys: Sequence[str | bytes]) -> list[bool]:
         """Per-key presence in any tier that is not cooling down. Index only, no I/O."""
-        _, ik = self._digests(ns, keys)
+        return self._present(ns, keys).tolist()
+
+    def _present(self, ns: bytes, keys: Sequence[str | bytes]) -> np.ndarray:
+        """`contains` as a bool array (what `count_leading_hits` reduces without a Python list)."""
+        ik = self._digests.index_keys(ns, keys)
         hit = np.zeros(len(ik), dtype=bool)
+        asked = False
         for tier, cd in zip(self.tiers, self.read_cooldowns):
             if cd.active():
+                continue
+            if not asked:  # the first tier answers for every key: no mask, no gather
+                hit[:] = tier.contains(ik)
+                asked = True
                 continue
             miss = ~hit
             if not miss.any():
                 break
             hit[miss] = tier.contains(ik[miss])
-        return hit.tolist()
+        return hit
 
     def count_leading_hits(self, ns: bytes, keys: Sequence[str | bytes]) -> int:
         """How many keys, from the first, are stored (SGLang's batch_exists contract)."""
         t0 = time.perf_counter()
-        hits = self.contains(ns, keys)
-        n = hits.index(False) if False in hits else len(hits)
-        self.counters.observe("exists", time.perf_counter() - t0)
-        self.counters.add("lookup_keys", len(keys))
-        self.counters.add("lookup_hits", n)
+        hit = self._present(ns, keys)
+        n = int(hit.argmin()) if len(hit) else 0  # the first miss; 0 too when every key hits
+        if n == 0 and len(hit) and hit[0]:
+            n = len(hit)
+        self.counters.add_many({"lookup_keys": len(keys), "lookup_hits": n},
+                               observe=("exists", time.perf_counter() - t0))
         return n
 
     # ------------------------------------------------------------------ writes

@@ -315,7 +315,8 @@ def test_limited_address_space_starts_small_and_still_works(monkeypatch) -> None
 
 def test_digest_cache_gives_the_keyed_digests_and_stays_bounded() -> None:
     """The store's digest cache returns exactly what keys.digests computes, per namespace, for str and
-    bytes keys (also unhashable ones), and empties itself when full."""
+    bytes keys (also unhashable ones), through put/get's call and exists' `index_keys`; only
+    `index_keys` fills it, and it empties itself when full."""
     import os
 
     from lifeboat_cache.keys import DigestCache, digests
@@ -330,10 +331,20 @@ def test_digest_cache_gives_the_keyed_digests_and_stays_bounded() -> None:
             assert ds == want_ds and ik.dtype == np.int64 and ik.tolist() == want_ik.tolist()
     assert not set(c(ns1, ks)[0]) & set(c(ns2, ks)[0])  # the namespace is in every digest
     assert c(ns1, [bytearray(b"raw-bytes")])[0] == digests(ns1, [b"raw-bytes"])[0]
-    assert c._size <= 150
-    assert c(ns1, [])[1].shape == (0,)
+    assert c._size == 0  # put / get (`__call__`) remember nothing
+    for _ in range(2):  # exists (`index_keys`): computed and remembered, then joined from the cache
+        for ns in (ns1, ns2):
+            got = c.index_keys(ns, ks)
+            assert got.dtype == np.int64 and got.tolist() == digests(ns, ks)[1].tolist()
+    assert 0 < c._size <= 150  # 204 entries asked for: emptied once on the way, bounded
+    assert c.index_keys(ns1, ks[:100]).tolist() == digests(ns1, ks[:100])[1].tolist()  # refilled
+    assert c(ns2, ks)[0] == digests(ns2, ks)[0]  # what exists remembered serves put / get exactly
+    assert c.index_keys(ns1, [bytearray(b"raw-bytes"), "raw-bytes"]).tolist() == [digests(ns1, [b"raw-bytes"])[1][0]] * 2
+    assert c(ns1, [])[1].shape == (0,) and c.index_keys(ns1, []).shape == (0,)
     with pytest.raises(TypeError, match="str or bytes"):
         c(ns1, [5])
+    with pytest.raises(TypeError, match="str or bytes"):
+        c.index_keys(ns1, [5])
 
 
 def test_reopen_of_many_segments_indexes_every_entry(tmp_path) -> None:
@@ -370,3 +381,33 @@ def test_reopen_of_many_segments_indexes_every_entry(tmp_path) -> None:
     check()  # stale snapshot
     os.unlink(os.path.join(root, SNAPSHOT_NAME))
     check()  # crash: no snapshot
+
+
+def test_delta_arrays_converts_in_chunks_without_a_garbage_collection() -> None:
+    """A frozen delta (several chunks, with removals) becomes exactly its arrays, and the conversion
+    creates no object per entry: no garbage collection (of SGLang's whole heap, under the GIL) can
+    start in the middle of a merge because of it."""
+    import gc
+
+    from lifeboat_cache import index as index_mod
+
+    n = 3 * index_mod._CHUNK + 7
+    ks = np.random.default_rng(9).integers(-2**63, 2**63 - 1, n, dtype=np.int64).tolist()
+    f = {k: None if i % 5 == 0 else Loc(i, 2**40 + i, 4096 + i) for i, k in enumerate(ks)}
+    starts: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            starts.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(seen)
+    try:
+        keys, units, offs, lens, live = Index._delta_arrays(f)
+    finally:
+        gc.callbacks.remove(seen)
+    assert starts == []
+    assert keys.tolist() == ks and live.tolist() == [i % 5 != 0 for i in range(n)]
+    want = [(i, 2**40 + i, 4096 + i) for i in range(n) if i % 5]
+    assert list(zip(units[live].tolist(), offs[live].tolist(), lens[live].tolist())) == want
+    assert (units.dtype, offs.dtype, lens.dtype) == (np.uint32, np.uint64, np.uint32)

@@ -22,6 +22,8 @@ def test_counters_histograms_and_namespaces_are_exact_under_threads() -> None:
             c.add("bytes", 3)
             c.observe("get", 0.0003 if i % 2 else 0.02)
             c.add_namespace(b"ns%d" % (t % 2), 1, 10)
+            c.add_many({"x": 1, "keys": 300}, observe=("exists", 0.00015))  # the exists path's one call
+            c.add_many({"bytes": 0})
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
     for th in threads:
@@ -29,12 +31,14 @@ def test_counters_histograms_and_namespaces_are_exact_under_threads() -> None:
     for th in threads:
         th.join()
     total = n_threads * n
-    assert c.get("x") == total and c.get("bytes") == 3 * total
+    assert c.get("x") == 2 * total and c.get("bytes") == 3 * total and c.get("keys") == 300 * total
+    e = c.histograms()["exists"]
+    assert e["count"] == total and e["buckets"][LATENCY_BUCKETS_S.index(0.00025)] == total  # (0.1, 0.25] ms
     h = c.histograms()["get"]
     assert h["count"] == total and sum(h["buckets"]) == total
     assert h["buckets"][LATENCY_BUCKETS_S.index(0.0005)] == total // 2   # 0.3 ms lands in (0.25, 0.5]
     assert h["buckets"][LATENCY_BUCKETS_S.index(0.025)] == total // 2    # 20 ms lands in (10, 25]
-    assert len(seen) == total
+    assert len(seen) == 2 * total and seen.count("exists") == total  # add_many's latency reaches listeners too
     ns = c.namespaces()
     assert {k: v["pages_written"] for k, v in ns.items()} == {b"ns0".hex(): total // 2, b"ns1".hex(): total // 2}
     assert all(v["bytes_written"] == 10 * total // 2 and v["last_write"] > 0 for v in ns.values())
@@ -48,8 +52,10 @@ def test_a_failing_listener_never_reaches_the_caller() -> None:
 
     c.add_listener(boom)
     c.observe("set", 0.001)  # no exception
+    c.add_many({"lookup_keys": 3}, observe=("exists", 0.001))  # nor here, and the counts still land
     c.remove_listener(boom)
-    assert c.histograms()["set"]["count"] == 1
+    assert c.histograms()["set"]["count"] == 1 and c.histograms()["exists"]["count"] == 1
+    assert c.get("lookup_keys") == 3
 
 
 def test_reason_tables() -> None:

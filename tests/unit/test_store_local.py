@@ -65,6 +65,48 @@ def test_exists_counts_leading_hits_and_namespaces_are_disjoint(tmp_path):
         assert st.get_into(other, ks[:1], out) == [False]
 
 
+def test_exists_never_hits_a_key_not_stored_in_that_namespace(tmp_path):
+    """Property: over two namespaces that store overlapping sets of the same key strings, exists
+    (`contains` and `count_leading_hits`, first asked and then again from the digest cache) says
+    stored for exactly the (namespace, key) pairs stored there: random keys never stored, and keys
+    stored only in the other namespace, miss. A str key and its UTF-8 bytes are one key."""
+    from hypothesis import HealthCheck, given, settings as hsettings
+    from hypothesis import strategies as hs
+
+    other = namespace_fingerprint(model="test", dtype="bfloat16", page_size=16)
+    shared = [f"{i:064x}" for i in range(120)]
+    stored = {NS: set(shared[:80]), other: set(shared[40:])}  # 40..79 in both, 0..39 / 80..119 in one
+    key = hs.one_of(hs.sampled_from(shared), hs.text(max_size=70), hs.binary(max_size=70),
+                    hs.sampled_from(shared).map(str.encode))
+    with ChunkStore.open(settings(tmp_path), background=False) as st:
+        for ns, ks in stored.items():
+            ks = sorted(ks)
+            assert all(st.put(ns, ks, [page(i, n=64) for i in range(len(ks))]))
+
+        def model(ns: bytes, k: str | bytes) -> bool:
+            return (k if isinstance(k, str) else k.decode("utf-8", "replace")) in stored[ns] and (
+                isinstance(k, str) or k.decode("utf-8", "replace").encode() == k)
+
+        @hsettings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(qs=hs.lists(key, max_size=40), put_new=hs.lists(hs.text(min_size=1, max_size=20), max_size=5),
+               into=hs.sampled_from([NS, other]))
+        def check(qs, put_new, into):
+            new = [k for k in put_new if k not in stored[into]]
+            if new:  # keys stored while the property runs hit from then on, in that namespace only
+                assert all(st.put(into, new, [page(i, n=64) for i in range(len(new))]))
+                stored[into].update(new)
+            for ns in (NS, other):
+                want = [model(ns, k) for k in qs]
+                lead = want.index(False) if False in want else len(want)
+                for _ in range(2):  # digests computed, then from the cache
+                    assert st.contains(ns, qs) == want
+                    assert st.count_leading_hits(ns, qs) == lead
+
+        check()
+        assert st.count_leading_hits(NS, [f"{i:064x}" for i in range(120, 10_000)]) == 0
+        assert not any(st.contains(other, [f"{i:064x}" for i in range(120, 10_000)]))
+
+
 def test_reopen_after_clean_close_uses_snapshot(tmp_path):
     ks, pages = keys(200), [page(i) for i in range(200)]
     with ChunkStore.open(settings(tmp_path), background=False) as st:
