@@ -327,11 +327,13 @@ class ChunkStore:
                         self._copier.offer(k, d, [h, *parts], n, affinity)
             finally:
                 gate.leave(c)
-            for i, rec in zip(runs[c], recs[: len(refs)]):
-                self.counters.add("pages_written")
-                self.counters.add("bytes_written_raw", sum(p.nbytes for p in views[i][0]))
-                self.counters.add("bytes_written_stored", rec[4])
-                self.counters.add_namespace(ns, 1, rec[4])
+            done = recs[: len(refs)]  # counted once per run (the header holds each page's raw length)
+            if done:
+                stored = sum(rec[4] for rec in done)
+                self.counters.add("pages_written", len(done))
+                self.counters.add("bytes_written_raw", sum(codec.raw_length(rec[2]) for rec in done))
+                self.counters.add("bytes_written_stored", stored)
+                self.counters.add_namespace(ns, len(done), stored)
             if err is not None:
                 self.counters.add("write_errors", len(runs[c]) - len(refs))
                 cd.fail("write", err)
