@@ -88,6 +88,23 @@ class _BlockPlan:
                  itemsize: int, dtype: int) -> None:
         self.flat, self.offsets, self.lengths, self.per_slot = flat, offsets, lengths, per_slot
         self.itemsize, self.dtype, self.writable = itemsize, dtype, bool(flat.flags.writeable)
+        self.grid = self._grid()
+
+    def _grid(self) -> Optional[np.ndarray]:
+        """Blocks of one length at one stride (every MHA / MLA layout): the buffer as rows that start at
+        each block of the page at slot 0 and run to the end of the buffer, so a page's blocks are one
+        2-D slice whose rows numpy hands out (~7 us a 48-block page, against ~17 us slicing each)."""
+        n, off = len(self.lengths), self.offsets
+        if n < 2 or len(set(self.lengths)) != 1:
+            return None
+        stride = int(off[1] - off[0])
+        if stride <= 0 or not np.array_equal(np.diff(off), np.full(n - 1, stride)):
+            return None
+        row = self.flat.size - int(off[-1])  # the last row ends at the buffer's end; every row fits
+        if row < self.lengths[0]:
+            return None
+        return np.lib.stride_tricks.as_strided(self.flat[int(off[0]):], shape=(n, row), strides=(stride, 1),
+                                               writeable=self.writable)
 
     @classmethod
     def of(cls, host: Any, page_size: int, generic: Callable[[int], list[np.ndarray]]) -> Optional["_BlockPlan"]:
@@ -121,6 +138,9 @@ class _BlockPlan:
 
     def blocks(self, start: int) -> list[np.ndarray]:
         """The page's blocks as uint8 views of the pool's buffer."""
+        if self.grid is not None:
+            at = start * self.per_slot
+            return list(self.grid[:, at: at + self.lengths[0]])
         flat = self.flat
         return [flat[o: o + n] for o, n in zip((self.offsets + start * self.per_slot).tolist(), self.lengths)]
 
