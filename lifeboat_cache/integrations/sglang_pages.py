@@ -16,7 +16,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..store import ChunkStore
+from .. import codec
+from ..store import ChunkStore, PageBlocks
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +78,33 @@ class _BlockPlan:
     `flat[off + s * per_slot : ... + length]` for the offsets of the page at slot 0. Slicing those
     costs ~0.2 us a block, where walking the strided tensor view costs ~1 us a block in Python:
     a layer_first page is 2 x layers blocks (48 for a 24-layer model), so this is most of the
-    per-page overhead of that layout. The plan is checked against the generic walk on two pages;
+    per-page overhead of that layout. The slices are of the buffer's bytes (uint8), handed to the
+    store as a PageBlocks with the element type checked here once, so the store does not check and
+    re-view each block of each page. The plan is checked against the generic walk on two pages;
     a pool it does not fit (several buffers, uneven strides) keeps the generic walk.
     """
 
-    def __init__(self, flat: np.ndarray, offsets: np.ndarray, lengths: list[int], per_slot: int) -> None:
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray, lengths: list[int], per_slot: int,
+                 itemsize: int, dtype: int) -> None:
         self.flat, self.offsets, self.lengths, self.per_slot = flat, offsets, lengths, per_slot
+        self.itemsize, self.dtype, self.writable = itemsize, dtype, bool(flat.flags.writeable)
+        self.grid = self._grid()
+
+    def _grid(self) -> Optional[np.ndarray]:
+        """Blocks of one length at one stride (every MHA / MLA layout): the buffer as rows that start at
+        each block of the page at slot 0 and run to the end of the buffer, so a page's blocks are one
+        2-D slice whose rows numpy hands out (~7 us a 48-block page, against ~17 us slicing each)."""
+        n, off = len(self.lengths), self.offsets
+        if n < 2 or len(set(self.lengths)) != 1:
+            return None
+        stride = int(off[1] - off[0])
+        if stride <= 0 or not np.array_equal(np.diff(off), np.full(n - 1, stride)):
+            return None
+        row = self.flat.size - int(off[-1])  # the last row ends at the buffer's end; every row fits
+        if row < self.lengths[0]:
+            return None
+        return np.lib.stride_tricks.as_strided(self.flat[int(off[0]):], shape=(n, row), strides=(stride, 1),
+                                               writeable=self.writable)
 
     @classmethod
     def of(cls, host: Any, page_size: int, generic: Callable[[int], list[np.ndarray]]) -> Optional["_BlockPlan"]:
@@ -90,22 +112,24 @@ class _BlockPlan:
             buf = host.kv_buffer
             if not isinstance(buf, torch.Tensor) or not buf.is_contiguous() or buf.device.type != "cpu":
                 return None
-            flat = _np(buf).reshape(-1)
-            item, base = flat.itemsize, flat.ctypes.data
+            typed = _np(buf).reshape(-1)
+            flat, base = typed.view(np.uint8), typed.ctypes.data  # byte offsets from here on
             b0 = generic(0)
-            offsets = np.array([(b.ctypes.data - base) // item for b in b0], dtype=np.int64)
-            lengths = [b.size for b in b0]
+            if any(b.dtype != typed.dtype for b in b0):
+                return None
+            offsets = np.array([b.ctypes.data - base for b in b0], dtype=np.int64)
+            lengths = [b.nbytes for b in b0]
             if int(getattr(host, "logical_page_size", None) or page_size) != int(host.page_size):
                 return None  # DCP: slots are translated per rank; keep SGLang's own accessor
             pages = int(getattr(host, "page_num", 0) or 0)
             second = generic(page_size)
-            per_slot = ((second[0].ctypes.data - base) // item - int(offsets[0])) // page_size
-            plan = cls(flat, offsets, lengths, per_slot)
+            per_slot = (second[0].ctypes.data - base - int(offsets[0])) // page_size
+            code = codec.dtype_code(typed)
+            plan = cls(flat, offsets, lengths, per_slot, codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[code]], code)
             for start in {page_size, max(0, (pages - 1) * page_size)}:
                 want = generic(start)
                 got = plan.blocks(start)
-                where = [(b.ctypes.data, b.nbytes, b.dtype) for b in got]
-                if where != [(b.ctypes.data, b.nbytes, b.dtype) for b in want]:
+                if [(b.ctypes.data, b.nbytes) for b in got] != [(b.ctypes.data, b.nbytes) for b in want]:
                     return None
             return plan
         except Exception as e:  # an unknown pool: the generic walk still works
@@ -113,8 +137,15 @@ class _BlockPlan:
             return None
 
     def blocks(self, start: int) -> list[np.ndarray]:
+        """The page's blocks as uint8 views of the pool's buffer."""
+        if self.grid is not None:
+            at = start * self.per_slot
+            return list(self.grid[:, at: at + self.lengths[0]])
         flat = self.flat
         return [flat[o: o + n] for o, n in zip((self.offsets + start * self.per_slot).tolist(), self.lengths)]
+
+    def page(self, start: int) -> PageBlocks:
+        return PageBlocks(self.blocks(start), self.itemsize, self.dtype, self.writable)
 
 
 class _Pool:
@@ -143,17 +174,23 @@ class _Pool:
             return self._plan.blocks(start)
         return [b.reshape(-1) for b in self._walk(start)]
 
+    def page(self, start: int) -> object:
+        """The page as the store takes it: a PageBlocks by the plan, else its blocks (checked by the store)."""
+        if self._plan is not None:
+            return self._plan.page(start)
+        return [b.reshape(-1) for b in self._walk(start)]
+
     def write(self, store: ChunkStore, keys: Sequence[str], starts: list[int],
               affinity: Optional[int]) -> list[bool]:
         if self.zero_copy:
-            bufs: list[object] = [self.views(s) for s in starts]
+            bufs: list[object] = [self.page(s) for s in starts]
         else:
             bufs = [_np(self.host.get_data_page(s, flat=True)) for s in starts]
         return store.put(self.ns, keys, bufs, affinity=affinity)
 
     def read(self, store: ChunkStore, keys: Sequence[str], starts: list[int]) -> list[bool]:
         if self.zero_copy:
-            return store.get_into(self.ns, keys, [self.views(s) for s in starts])
+            return store.get_into(self.ns, keys, [self.page(s) for s in starts])
         flats = [self.host.get_dummy_flat_data_page() for _ in starts]
         ok = store.get_into(self.ns, keys, [_np(f) for f in flats])
         for start, flat, good in zip(starts, flats, ok):

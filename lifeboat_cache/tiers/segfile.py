@@ -296,7 +296,8 @@ def _transfer(call: Callable[[int, list, int], int], fd: int, bufs: Sequence[obj
     it goes on from where it stopped (byte views are made only then). Returns the bytes transferred,
     less than bufs hold only when a call transferred nothing (end of file)."""
     items = list(bufs)
-    sizes = [memoryview(b).nbytes for b in items]  # type: ignore[arg-type]
+    nd = np.ndarray  # a page's blocks are arrays: their size without a memoryview each (~4x cheaper)
+    sizes = [b.nbytes if type(b) is nd else memoryview(b).nbytes for b in items]  # type: ignore[union-attr, arg-type]
     done = k = 0
     while k < len(items):
         want = sum(sizes[k:k + IOV_MAX])

@@ -345,3 +345,36 @@ def test_hung_run_write_and_read_return_by_the_deadline(tmp_path, monkeypatch):
         assert time.monotonic() - t0 < 0.3 + store_mod.DEADLINE_GRACE_S + 0.5
         assert st.stats()["counters"]["writes_dropped_deadline"] == 8
         stop.set()
+
+
+def test_page_blocks_store_the_same_records_as_a_list_of_arrays(tmp_path):
+    """A PageBlocks (uint8 blocks checked by its maker) is stored exactly as the same page given as a
+    list of typed arrays: same record bytes (dtype, checksum), read back into either form; get_into
+    refuses one marked read-only."""
+    pages = [blocks(i, 48) for i in range(6)]
+    as_blocks = [store_mod.PageBlocks([b.view(np.uint8) for b in p], 2, store_mod.codec.dtype_code(p[0]))
+                 for p in pages]
+    with ChunkStore.open(settings(tmp_path / "a")) as a, ChunkStore.open(settings(tmp_path / "b")) as b:
+        assert a.put(NS, keys(6, "pb"), pages) == [True] * 6
+        assert b.put(NS, keys(6, "pb"), as_blocks) == [True] * 6
+        a.flush()
+        b.flush()
+        for k in keys(6, "pb"):
+            recs = []
+            for st in (a, b):
+                ref, tier = ref_of(st, k), st.tiers[0]
+                name, _, off = tier.loc_name(ref).partition("@")
+                with open(tier.dirs[ref.part].path / name, "rb") as f:
+                    f.seek(int(off))
+                    recs.append(f.read(ref.loc.length))
+            assert recs[0] == recs[1] and len(recs[0]) == HEADER_SIZE + 48 * 128
+        out = [store_mod.PageBlocks([np.zeros(64 * 2, np.uint8) for _ in range(48)], 2,
+                                    store_mod.codec.dtype_code(pages[0][0])) for _ in range(6)]
+        assert b.get_into(NS, keys(6, "pb"), out) == [True] * 6
+        assert [b"".join(x.tobytes() for x in o.pieces) for o in out] == [b"".join(x.tobytes() for x in p) for p in pages]
+        back = [[np.zeros(64, np.uint16) for _ in range(48)] for _ in range(6)]
+        assert a.get_into(NS, keys(6, "pb"), back) == [True] * 6 and b.get_into(NS, keys(6, "pb"), back) == [True] * 6
+        assert all(np.array_equal(x, y) for p, q in zip(back, pages) for x, y in zip(p, q))
+        frozen = store_mod.PageBlocks(out[0].pieces, 2, out[0].dtype, writable=False)
+        with pytest.raises(ValueError, match="writable"):
+            b.get_into(NS, keys(1, "pb"), [frozen])
