@@ -526,19 +526,7 @@ class Index:
         self._epoch += 1  # a reader that started before may still be reading the spare's old contents
         for col, vals in zip((a.keys, a.units, a.offsets, a.lengths), (x, units, offs, lens)):
             col[sb:sb + n] = vals
-        self._pad(a, s, sp, n, 0, w)
-        with self._wlock:
-            self._apply_drops(a, [(sp, n)], mark, w)
-            dead = int(np.count_nonzero(a.units[sb:sb + n] == DEAD))
-            self._widen(w, wneed)
-            self._epoch += 1
-            bps = 1 << (m.bits - _SHARD_BITS)
-            m.dir[s * bps:(s + 1) * bps] = _dir_entries(starts, sb, m.dir.dtype)
-            old = self._region[s]
-            self._spare_used = self._count[s] + self._pad_w
-            self._region[s], self._spare = sp, old
-            self._count[s], self._dead[s] = n, dead
-            self._drops = []
+        self._publish(a, m, s, sp, n, starts, mark, w, wneed)
 
     def drop_unit(self, unit: int) -> int:
         """Forget every entry in a unit (evicted or vanished segment). Returns how many."""
@@ -681,11 +669,18 @@ class Index:
             dst[old_pos] = vals
             dst[new_pos] = add
         del olds
-        self._pad(a, s, sp, n_new, 0, w)
+        self._publish(a, m, s, sp, n_new, starts, mark, w, wneed)
+
+    def _publish(self, a: _Arena, m: _Main, s: int, sp: int, n: int, starts: np.ndarray, mark: int, w: int,
+                 wneed: int) -> None:
+        """Make the spare region `sp` (n sorted entries of shard s, written) the shard's region: pad it,
+        apply the drops that came meanwhile, repoint the directory, and the old region becomes the spare."""
+        sb = sp * a.cap
+        self._pad(a, s, sp, n, 0, w)
         with self._wlock:
-            self._apply_drops(a, [(sp, n_new)], mark, w)
+            self._apply_drops(a, [(sp, n)], mark, w)
             # count, don't derive: a drop may have marked entries while they were being copied
-            dead = int(np.count_nonzero(a.units[sb:sb + n_new] == DEAD))
+            dead = int(np.count_nonzero(a.units[sb:sb + n] == DEAD))
             self._widen(w, wneed)
             self._epoch += 1
             bps = 1 << (m.bits - _SHARD_BITS)
@@ -693,7 +688,7 @@ class Index:
             old = self._region[s]
             self._spare_used = self._count[s] + self._pad_w
             self._region[s], self._spare = sp, old
-            self._count[s], self._dead[s] = n_new, dead
+            self._count[s], self._dead[s] = n, dead
             self._drops = []
 
     @staticmethod

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,25 @@ def blas_env() -> dict[str, str]:
     if "LIFEBOAT_BLAS_PRELOAD" not in env:
         log.info("OpenBLAS libblas.so.3 not found; MLX children run with the wheel's reference BLAS")
     return env
+
+
+# --------------------------------------------------------------------------------------------
+# (d) A real small file system for full-disk tests (root: tmpfs mounts)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tmpfs_mount(tmp_path: Path):
+    """``mount(size)`` -> a fresh tmpfs of that size (e.g. "1m") under tmp_path, unmounted afterwards."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"tmpfs-{len(mounted)}"
+        mnt.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import subprocess
 import time
 import zlib
 from functools import partial
@@ -189,12 +188,8 @@ def test_verify_reports_truncated_records(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ promotion
 @pytest.fixture
-def tiny_fs(tmp_path: Path):
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def tiny_fs(tmpfs_mount):
+    return tmpfs_mount("1m")
 
 
 def _fill(path: Path) -> Path:

@@ -261,12 +261,8 @@ def test_concurrent_callers(tmp_path):
 
 
 @pytest.fixture
-def tiny_fs(tmp_path):
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def tiny_fs(tmpfs_mount):
+    return tmpfs_mount("2m")
 
 
 def test_full_disk_drops_writes_and_cools_down(tiny_fs, caplog):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -147,12 +146,8 @@ def test_store_run_crossing_segments_reads_back(tmp_path):
 
 # ------------------------------------------------------------------------------ full disk
 @pytest.fixture
-def tiny_fs(tmp_path: Path):
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def tiny_fs(tmpfs_mount):
+    return tmpfs_mount("1m")
 
 
 def _indexed(d: SegmentDir, recs) -> list[bool]:  # type: ignore[no-untyped-def]
