@@ -383,12 +383,18 @@ REOPEN_COLUMNS = [("pages", "pages", "{:,}"), ("units", "segments", "{:,}"),
                   ("crash_cpu_s", "crash: CPU s", "{:.3f}"), ("crash_peak_B_per_page", "crash: peak B/pg", "{:.1f}")]
 
 
-def reopen_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = [h for _, h, _ in REOPEN_COLUMNS]
+def _md_table(columns: Sequence[tuple[str, str, str]], rows: Sequence[dict[str, Any]]) -> str:
+    """A markdown table of `rows`, one column per (key, heading, format); a missing "impl" is "index"."""
+    head = [h for _, h, _ in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append("| " + " | ".join(f.format(r[k]) for k, _, f in REOPEN_COLUMNS) + " |")
+        r = {"impl": "index", **r}
+        lines.append("| " + " | ".join(f.format(r[k]) for k, _, f in columns) + " |")
     return "\n".join(lines)
+
+
+def reopen_table(rows: Sequence[dict[str, Any]]) -> str:
+    return _md_table(REOPEN_COLUMNS, rows)
 
 
 def _child(n: int, quick: bool, impl: str | None, reopen: bool = False, store: bool = False) -> dict[str, Any]:
@@ -416,19 +422,11 @@ COLUMNS = [("pages", "pages", "{:,}"), ("bulk_insert_s", "bulk s", "{:.2f}"),
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    head = ["impl"] + [h for _, h, _ in COLUMNS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        lines.append("| " + " | ".join([str(r.get("impl", "index"))] + [f.format(r[k]) for k, _, f in COLUMNS]) + " |")
-    return "\n".join(lines)
+    return _md_table([("impl", "impl", "{}"), *COLUMNS], rows)
 
 
 def store_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = [h for _, h, _ in STORE_COLUMNS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        lines.append("| " + " | ".join(f.format(r[k]) for k, _, f in STORE_COLUMNS) + " |")
-    return "\n".join(lines)
+    return _md_table(STORE_COLUMNS, rows)
 
 
 def run(sizes: Sequence[int] = (10_000, 100_000, 1_000_000, 10_000_000), quick: bool = False,
