@@ -70,15 +70,20 @@ def _positive_int(env: Env, name: str, what: str) -> Optional[int]:
     return None if value is None else _as_positive_int(name, value, f"a positive whole number ({what})")
 
 
+def _switch(env: Env, name: str, default: bool, allowed: str) -> bool:
+    """A "1" / "0" variable: `default` when unset, else a ConfigError naming it and the `allowed` values."""
+    value = _raw(env, name)
+    if value is None:
+        return default
+    if value in ("0", "1"):
+        return value == "1"
+    raise ConfigError(f"{name}={value!r} is invalid: allowed values are {allowed}")
+
+
 # ------------------------------------------------------------------------------------------ SGLang launch
 def parse_enable(env: Env) -> bool:
     """`LIFEBOAT_CACHE`: "1" turns LifeboatCache on for a launch, "0" or unset leaves it off."""
-    value = _raw(env, ENV_ENABLE)
-    if value is None or value == "0":
-        return False
-    if value == "1":
-        return True
-    raise ConfigError(f"{ENV_ENABLE}={value!r} is invalid: allowed values are '1' (on) and '0' (off)")
+    return _switch(env, ENV_ENABLE, False, "'1' (on) and '0' (off)")
 
 
 def parse_page_size(env: Env) -> Optional[int]:
@@ -113,12 +118,7 @@ def parse_write_policy(env: Env) -> Optional[str]:
 
 def parse_zero_copy(env: Env) -> bool:
     """`LIFEBOAT_SGLANG_ZERO_COPY`: "1" (default) zero-copy page I/O, "0" SGLang's copying interface."""
-    value = _raw(env, ENV_ZERO_COPY)
-    if value is None or value == "1":
-        return True
-    if value == "0":
-        return False
-    raise ConfigError(f"{ENV_ZERO_COPY}={value!r} is invalid: allowed values are '1' (zero-copy, default) and '0'")
+    return _switch(env, ENV_ZERO_COPY, True, "'1' (zero-copy, default) and '0'")
 
 
 # ------------------------------------------------------------------------------------------ MLX, stats, demo
