@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+
+import pytest
 
 from lifeboat_cache import metrics
 from lifeboat_cache.metrics import LATENCY_BUCKETS_S, Counters
+from lifeboat_cache.tiers.nfs import NfsSegmentDir
+from lifeboat_cache.tiers.segment import SegmentDir
 
 
 def test_counters_histograms_and_namespaces_are_exact_under_threads() -> None:
@@ -73,3 +78,60 @@ def test_namespace_labels_drop_empty_values() -> None:
     c = Counters()
     c.name_namespace(b"n", model="m", pool="kv", rank=None, empty="")
     assert c.namespaces()[b"n".hex()]["labels"] == {"model": "m", "pool": "kv"}
+
+
+# ------------------------------------------------------------------ Counters
+def test_counters_exact_totals_under_concurrent_increments() -> None:
+    c = Counters()
+    c.declare("hits", "bytes", "untouched")
+    n_threads, n = 8, 20000
+    start = threading.Barrier(n_threads)
+
+    def run(i: int) -> None:
+        start.wait()
+        for _ in range(n):
+            c.add("hits")
+            c.add("bytes", 3)
+            c.add(f"own{i}")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n_threads)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: an unlocked read-modify-write loses counts here
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert c["hits"] == n_threads * n
+    assert c["bytes"] == 3 * n_threads * n
+    assert all(c[f"own{i}"] == n for i in range(n_threads))
+    assert c["untouched"] == 0 and "untouched" in c and "never" not in c
+    assert c.get("never") == 0
+    with pytest.raises(KeyError):
+        c["never"]
+
+
+def test_counters_declare_keeps_values_set_overwrites_and_no_item_assignment() -> None:
+    c = Counters()
+    c.add("a", 5)
+    c.declare("a", "b")
+    assert c.snapshot() == {"a": 5, "b": 0}
+    c.set("rebuild_ms", 12)
+    c.set("rebuild_ms", 7)
+    assert c["rebuild_ms"] == 7
+    with pytest.raises(TypeError):
+        c["a"] += 1  # type: ignore[index]  # a racy read-modify-write is refused: use add()
+
+
+def test_segment_dir_and_nfs_counters_are_thread_safe_counters(tmp_path) -> None:
+    d = SegmentDir(tmp_path / "local", capacity_bytes=1 << 30, segment_bytes=1 << 20)
+    n = NfsSegmentDir(tmp_path / "nfs", capacity_bytes=1 << 30, segment_bytes=1 << 20)
+    try:
+        assert isinstance(d.counters, Counters) and isinstance(n.counters, Counters)
+        assert d.counters["evicted_segments"] == 0 and d.counters["rebuild_ms"] == 0
+        assert n.counters["stale_handles"] == 0 and n.counters["foreign_abandoned"] == 0
+    finally:
+        d.close()
+        n.close()
