@@ -176,9 +176,7 @@ class _Pool:
 
     def page(self, start: int) -> object:
         """The page as the store takes it: a PageBlocks by the plan, else its blocks (checked by the store)."""
-        if self._plan is not None:
-            return self._plan.page(start)
-        return [b.reshape(-1) for b in self._walk(start)]
+        return self._plan.page(start) if self._plan is not None else self.views(start)
 
     def write(self, store: ChunkStore, keys: Sequence[str], starts: list[int],
               affinity: Optional[int]) -> list[bool]:
