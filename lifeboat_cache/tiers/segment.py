@@ -994,9 +994,7 @@ class SegmentDir:
 
     def _save_snapshot(self) -> bool:
         t0 = time.perf_counter()
-        with self._lock:
-            units = [snap.SnapshotUnit(u.name, u.id, u.scanned, True)
-                     for u in self._units.values() if u.sealed and not u.own and u.scanned == u.size]
+        units = [snap.SnapshotUnit(u.name, u.id, u.scanned, True) for u in self._snapshot_units()]
         ids = np.array(sorted(u.id for u in units), dtype=np.int64)
         eligible = np.zeros(int(ids[-1]) + 2 if len(ids) else 1, dtype=bool)
         eligible[ids] = True
@@ -1022,13 +1020,16 @@ class SegmentDir:
             self.counters.set("snapshot_save_ms", int((time.perf_counter() - t0) * 1000))
         return ok
 
+    def _snapshot_units(self) -> list[_Unit]:
+        """The units a snapshot may describe: sealed (none of our writers still appends), fully scanned."""
+        with self._lock:
+            return [u for u in self._units.values() if u.sealed and not u.own and u.scanned == u.size]
+
     def _snapshot_due(self) -> bool:
         """Enough sealed bytes outside the last snapshot: SNAPSHOT_CHANGED_SHARE of what it covered, in
         at least snapshot_min_segments segments."""
         covered = self._snap_covered
-        with self._lock:
-            new = [u.size for u in self._units.values()
-                   if u.sealed and not u.own and u.scanned == u.size and u.name not in covered]
+        new = [u.size for u in self._snapshot_units() if u.name not in covered]
         base = sum(covered.values())
         return len(new) >= self.snapshot_min_segments and sum(new) >= self.snapshot_changed_share * base
 
