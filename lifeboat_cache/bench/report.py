@@ -29,6 +29,13 @@ def _status(sec: Any) -> str:
     return "missing"
 
 
+def _bound(ceiling: dict[str, Any] | None, file: dict[str, Any]) -> str:
+    """A plain-file ceiling's median over the file backend's median ('-' without the ceiling)."""
+    if not ceiling or not file.get("median"):
+        return "-"
+    return f"{ceiling['median'] / file['median']:.2f}x"
+
+
 def tables(res: dict[str, Any]) -> str:
     """The Markdown tables of one run."""
     m = res["machine"]
@@ -42,6 +49,8 @@ def tables(res: dict[str, Any]) -> str:
         cpu = f" (per CPU-second: {_spread(c['memcpy']['cpu_gb_s'])})" if "cpu_gb_s" in c["memcpy"] else ""
         out.append(f"| memory copy (numpy, 1 core) | {_spread(c['memcpy']['gb_s'])}{cpu} |")
         pf = c["plain_file"]
+        if "write_buffered_gb_s" in pf:
+            out.append(f"| plain files: write to the page cache (no fsync) | {_spread(pf['write_buffered_gb_s'])} |")
         out.append(f"| plain files: write + fsync | {_spread(pf['write_fsync_gb_s'])} |")
         out.append(f"| plain files: cold read (resident before: {max(pf['resident_pages_before_read'])} pages) "
                    f"| {_spread(pf['cold_read_gb_s'])} |")
@@ -67,16 +76,22 @@ def tables(res: dict[str, Any]) -> str:
                 f"{s['lifeboat_compression']}; cold reads after the page cache was dropped and checked "
                 f"(max resident pages before a cold read: "
                 f"{max((max(x['resident_pages_before_cold_read']) for x in s['cases']), default=0)}).", "",
-                "| shape | layout | data | pages x MiB | write | cold read | warm read | "
+                "Bounds: the plain-file ceilings above (write to the page cache, cold read from this disk) "
+                "over `file`'s median, the most a backend that stores every page byte uncompressed can gain "
+                "over `file` on this machine.", "",
+                "| shape | layout | data | pages x MiB | write | cold read | warm read | bound: write / cold read | "
                 "lifeboat GB/s w / cold / warm | file GB/s w / cold / warm | CPU s/GB write: lifeboat / file "
                 "| CPU s/GB cold read: lifeboat / file |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        pf = c.get("plain_file", {}) if _ok(c) else {}
         for x in s["cases"]:
             g, cp = x["gb_s"], x["cpu_s_per_gb"]
             out.append(
                 f"| {x['shape']} | {x['layout']} | {x['kind']} | {x['pages']} x {x['page_bytes'] / 2**20:.2f} "
                 f"| {_spread(x['ratio']['write'])}x | {_spread(x['ratio']['cold_read'])}x "
                 f"| {_spread(x['ratio']['warm_read'])}x "
+                f"| {_bound(pf.get('write_buffered_gb_s'), g['file']['write'])} / "
+                f"{_bound(pf.get('cold_read_gb_s'), g['file']['cold_read'])} "
                 f"| {_three(g['lifeboat'])} | {_three(g['file'])} "
                 f"| {cp['lifeboat']['write']['median']:.2f} / {cp['file']['write']['median']:.2f} "
                 f"| {cp['lifeboat']['cold_read']['median']:.2f} / {cp['file']['cold_read']['median']:.2f} |")
