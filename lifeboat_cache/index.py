@@ -28,6 +28,7 @@ short publishes); merges, bulk inserts and exports on `_mlock` (taken before `_w
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import mmap
@@ -71,6 +72,21 @@ class Loc:
 
 _NO_LOC = Loc(0, 0, 0)  # stands in for a removal (None) while a delta becomes arrays
 _UNIT, _OFFSET, _LENGTH = attrgetter("unit"), attrgetter("offset"), attrgetter("length")
+
+
+_libc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the OS (glibc's malloc_trim; elsewhere nothing).
+
+    A rebuild frees tens of MB of sorted columns per batch; glibc keeps freed heap memory resident,
+    so without this a 10M-page crash reopen stayed at 38 B/page resident where the index holds 27.
+    It walks the heap and what it returns is faulted in again when used: once after a rebuild, not
+    per batch (per batch cost 0.2 s of a 2.7 s rebuild). Raises nothing.
+    """
+    if _libc_trim is not None:
+        _libc_trim(0)
 
 
 def mix_keys(keys: np.ndarray) -> np.ndarray:
