@@ -98,39 +98,42 @@ class MlxChunkEngine:
     def capture(self, pool: Any, chunk_slots: Sequence[np.ndarray], keys: Sequence[bytes],
                 affinity: int | None = None) -> int:
         """Copy chunks out of the pool (gather + eval here) and queue them; returns chunks queued."""
-        fit = self._fitting(len(keys))
-        if not fit:
-            return 0
-        t0 = time.perf_counter()
-        settle_pool(pool)  # SGLang's deferred pool writes: work it would do anyway, timed apart
-        t1 = time.perf_counter()
-        self.clock.add("pool_settle", t1 - t0)
-        kv = gather_chunks(pool, np.concatenate(list(chunk_slots)[:fit]), self.chunk)
-        return self._queue(kv, keys[:fit], affinity, t1)
+        fit = queued = self._fitting(len(keys))
+        if fit:
+            t0 = time.perf_counter()
+            settle_pool(pool)  # SGLang's deferred pool writes: work it would do anyway, timed apart
+            t1 = time.perf_counter()
+            self.clock.add("pool_settle", t1 - t0)
+            kv = gather_chunks(pool, np.concatenate(list(chunk_slots)[:fit]), self.chunk)
+            queued = self._queue(kv, keys[:fit], affinity, t1)
+        return self._count_unfit(len(keys), fit, queued)
 
     def capture_from_request(self, layer_caches: Sequence[Any], chunk_ids: Sequence[int],
                              keys: Sequence[bytes], affinity: int | None = None) -> int:
         """Copy chunks out of a request's own KV caches (see :func:`gather_request_chunks`) and queue them."""
-        fit = self._fitting(len(keys))
-        if not fit:
-            return 0
-        t0 = time.perf_counter()
-        kv = gather_request_chunks(layer_caches, list(chunk_ids)[:fit], self.chunk)
-        return self._queue(kv, keys[:fit], affinity, t0)
+        fit = queued = self._fitting(len(keys))
+        if fit:
+            t0 = time.perf_counter()
+            kv = gather_request_chunks(layer_caches, list(chunk_ids)[:fit], self.chunk)
+            queued = self._queue(kv, keys[:fit], affinity, t0)
+        return self._count_unfit(len(keys), fit, queued)
 
     def _fitting(self, n: int) -> int:
-        """How many of ``n`` chunks (from the first) the writer's queue has room for now; the rest are
-        dropped and counted here, before they are copied (a copy of chunks the queue then refuses
-        would cost the scheduler thread for nothing and hold their memory until the batch is written).
+        """How many of ``n`` chunks (from the first) the writer's queue has room for now. Only those
+        are copied: a copy of chunks the queue then refuses would cost the scheduler thread for nothing
+        and hold their memory until the batch is written.
 
         Only the scheduler thread offers chunks and the writer only frees room, so what fits here still
         fits at the offer; the offer enforces the bound regardless."""
-        if n <= 0:
-            return 0
-        fit = min(n, self.writer.room() // self.fp.chunk_bytes)
+        return max(0, min(n, self.writer.room() // self.fp.chunk_bytes))
+
+    def _count_unfit(self, n: int, fit: int, queued: int) -> int:
+        """Count the ``n - fit`` chunks that were never copied as dropped (after the offer, so the
+        drop's log line shows the queue with this request in it; the offer counts its own); returns
+        ``queued``."""
         if fit < n:
             self.writer.drop(n - fit, (n - fit) * self.fp.chunk_bytes)
-        return fit
+        return queued
 
     def _queue(self, kv: "mx.array", keys: Sequence[bytes], affinity: int | None, t0: float) -> int:
         whole = numpy_view(kv)
