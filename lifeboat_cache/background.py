@@ -6,6 +6,8 @@ must never block that caller (SGLang's scheduler or its io threads) and never ra
 * ``offer`` only appends under a lock; a job that would take the queue past ``max_bytes`` (bytes
   queued *or being written*) is dropped and counted, never waited for. A dropped write is a later
   miss, never a wrong answer.
+* ``max_bytes`` is a bound, not an allocation: the queue is a deque of the owner's jobs and a byte
+  count; nothing is reserved, and a job's memory is let go once it is written (``done``).
 * a job that raises is counted and logged (at most once per ``error_log_interval_s``, so a broken tier
   does not flood the log); the worker lives on, or the queue would fill for good.
 * ``flush`` waits for the queue to empty (up to a timeout); ``close`` flushes, then drops and counts

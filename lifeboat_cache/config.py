@@ -84,6 +84,9 @@ class EngineSettings:
     failure_cooldown_s: float = DEFAULT_FAILURE_COOLDOWN_S
     failure_cooldown_max_s: float = DEFAULT_FAILURE_COOLDOWN_MAX_S
     copy_queue_bytes: int = DEFAULT_COPY_QUEUE_BYTES
+    # True when lifeboat.yaml set copy_queue_size to a size; absent or `auto`: the MLX shim sizes its
+    # writer queue from the model (one context's KV), everything else uses copy_queue_bytes
+    copy_queue_explicit: bool = False
     deadline_s: float = DEFAULT_DEADLINE_S
     trace: bool = False
 
@@ -357,6 +360,18 @@ def _parse_s3_options(obj: Mapping[str, Any], where: str, kw: dict[str, Any]) ->
         kw["max_concurrency"] = _parse_int(obj["max_concurrency"], f"{where}.max_concurrency", 1, 1024)
 
 
+def parse_queue_size(value: Any, where: str) -> int | None:
+    """`copy_queue_size`: a size (bytes), or `auto` -> None (the MLX shim sizes its writer queue from the
+    model; the copier to lower tiers keeps DEFAULT_COPY_QUEUE_BYTES)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    try:
+        return parse_size(value, where)
+    except ConfigError as e:
+        raise ConfigError(f"{e}; or write auto (the default: on MLX one context's KV, at least 256MiB; "
+                          f"elsewhere 256MiB)") from None
+
+
 _ENGINE_KEYS = {"io_workers", "compression", "failure_cooldown_s", "failure_cooldown_max_s",
                 "copy_queue_size", "deadline_s", "trace"}
 
@@ -378,7 +393,9 @@ def parse_engine(obj: Any, where: str = "engine") -> EngineSettings:
         kw["failure_cooldown_max_s"] = _parse_float(
             obj["failure_cooldown_max_s"], f"{where}.failure_cooldown_max_s", 0.0, 86400)
     if "copy_queue_size" in obj:
-        kw["copy_queue_bytes"] = parse_size(obj["copy_queue_size"], f"{where}.copy_queue_size")
+        size = parse_queue_size(obj["copy_queue_size"], f"{where}.copy_queue_size")
+        if size is not None:
+            kw["copy_queue_bytes"], kw["copy_queue_explicit"] = size, True
     if "trace" in obj:
         kw["trace"] = _parse_bool(obj["trace"], f"{where}.trace")
     if "deadline_s" in obj:
@@ -512,7 +529,8 @@ def apply_overrides(settings: Settings, overrides: Mapping[str, Any], source: st
     if nested:
         base = {k: getattr(settings.engine, k) for k in ("io_workers", "compression", "failure_cooldown_s",
                                                           "failure_cooldown_max_s", "deadline_s", "trace")}
-        base["copy_queue_size"] = settings.engine.copy_queue_bytes
+        if settings.engine.copy_queue_explicit:  # else absent: it stays auto unless an override sets it
+            base["copy_queue_size"] = settings.engine.copy_queue_bytes
         base.update(nested)
         out = replace(out, engine=parse_engine(base, f"{source}.engine"))
     if "storage" in overrides:

@@ -25,6 +25,7 @@ from ..envvars import DEFAULT_REBUILD_WAIT_S, ENV_REBUILD_WAIT, parse_rebuild_wa
 from ..runtimes.mlx import (CHUNK_TOKENS, MlxChunkEngine, ModelFingerprint, drain_at_exit, mx_dtype_name,
                              weights_identity)
 from ..runtimes.mlx.hybrid import HybridState
+from ..runtimes.mlx.queue_size import QueueSize, writer_queue_size
 from ..statsfile import StatsReporter
 from .sglang_mlx_cache import HYBRID_CONCURRENCY_MESSAGE, LifeboatMlxRadixCache
 from .sglang_mlx_patches import auxiliary_state_component, install_arrival_hook
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HYBRID_CONCURRENCY_MESSAGE", "LifeboatMlxRadixCache", "auxiliary_state_component", "create_lifeboat_radix_cache",
-    "install_arrival_hook", "mlx_settings", "model_fingerprint", "parse_rebuild_wait", "resolve_model_dir",
+    "context_tokens", "install_arrival_hook", "mlx_settings", "model_fingerprint", "parse_rebuild_wait",
+    "resolve_model_dir", "writer_queue",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,37 @@ def model_fingerprint(runner: Any, model_path: str, settings: Settings,
         state_layout=hybrid.layout() if hybrid is not None else None,
         key_namespace=settings.key_namespace,
     )
+
+
+def context_tokens(ctx: "TreeCacheBuildContext", runner: Any) -> tuple[int | None, str]:
+    """The longest request this launch can serve, and where that number came from.
+
+    SGLang caps a request at ``min(context_len, max_total_num_tokens) - 1`` tokens; on MLX the token
+    budget is the runner's KV pool (``MlxModelRunner.pool_size`` slots). None when neither is known.
+    """
+    model_len = getattr(getattr(ctx, "model_config", None), "context_len", None)
+    pool = getattr(runner, "pool_size", None)
+    known = {name: int(v) for name, v in (("context length", model_len), ("KV pool slots", pool))
+             if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+    if not known:
+        return None, ""
+    name = min(known, key=known.__getitem__)
+    note = f"the model's {name}" if name == "context length" else f"the KV pool's {known[name]:,} slots"
+    if len(known) == 2 and name != "context length":
+        note += f", below the model's context length {known['context length']:,}"
+    return known[name], note
+
+
+def writer_queue(ctx: "TreeCacheBuildContext", runner: Any, fp: ModelFingerprint, settings: Settings,
+                 hybrid: HybridState | None = None) -> QueueSize:
+    """The MLX writer queue's bound for this launch: ``engine.copy_queue_size`` when lifeboat.yaml sets
+    it, else one full-context request's KV (plus a hybrid model's state record), floored and capped
+    (``runtimes/mlx/queue_size.py``)."""
+    tokens, note = context_tokens(ctx, runner)
+    eng = settings.engine
+    return writer_queue_size(fp.kv_bytes_per_token, tokens,
+                             configured=eng.copy_queue_bytes if eng.copy_queue_explicit else None,
+                             extra_bytes=hybrid.nbytes if hybrid is not None else 0, context_note=note)
 
 
 def resolve_model_dir(runner: Any, model_path: str) -> str:
@@ -139,7 +172,11 @@ def create_lifeboat_radix_cache(ctx: "TreeCacheBuildContext") -> BasePrefixCache
         return _fallback(ctx, f"cannot open the LifeboatCache store ({e})")
     if not store.wait_rebuilt(wait_s):
         log.warning("lifeboat: the store index is still rebuilding after %.0f s; early requests may miss", wait_s)
-    engine = MlxChunkEngine(store, fp, queue_bytes=settings.engine.copy_queue_bytes)
+    queue = writer_queue(ctx, runner, fp, settings, hybrid)
+    log.info("%s", queue.message)
+    if queue.warning:
+        log.warning("%s", queue.warning)
+    engine = MlxChunkEngine(store, fp, queue_bytes=queue.bytes, idle_read_bytes=queue.idle_read_bytes)
     store.counters.name_namespace(engine.ns, model=str(runner.model_path), kind="mlx-kv", dtype=fp.dtype)
     store.counters.name_namespace(engine.tail_ns, model=str(runner.model_path), kind="mlx-kv-tail", dtype=fp.dtype)
     if hybrid is not None:

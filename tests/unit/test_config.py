@@ -93,3 +93,31 @@ def test_overrides_flat_and_nested(tmp_path):
 @pytest.mark.parametrize("text, n", [("64MiB", 64 << 20), ("1.5GB", 1_500_000_000), ("2TiB", 2 << 40), (4096, 4096)])
 def test_parse_size(text, n):
     assert parse_size(text, "x") == n
+
+
+def test_copy_queue_size_explicit_auto_or_absent():
+    """A size is explicit (the MLX writer uses it as given); absent and `auto` leave the MLX shim to size
+    its queue from the model, with the 256 MiB default everywhere else. Overrides keep that distinction."""
+    absent = settings_from_dict({}).engine
+    assert absent.copy_queue_bytes == 256 << 20 and not absent.copy_queue_explicit
+    for word in ("auto", " AUTO "):
+        auto = settings_from_dict({"engine": {"copy_queue_size": word}}).engine
+        assert auto == absent
+    sized = settings_from_dict({"engine": {"copy_queue_size": "1GiB"}}).engine
+    assert sized.copy_queue_bytes == 1 << 30 and sized.copy_queue_explicit
+    assert settings_from_dict({"engine": {"copy_queue_size": 256 << 20}}).engine.copy_queue_explicit
+    # an override of another engine key keeps auto auto, and an explicit size explicit
+    s = apply_overrides(settings_from_dict({}), {"io_workers": 2})
+    assert not s.engine.copy_queue_explicit and s.engine.io_workers == 2
+    s = apply_overrides(settings_from_dict({"engine": {"copy_queue_size": "64MiB"}}), {"io_workers": 2})
+    assert s.engine.copy_queue_explicit and s.engine.copy_queue_bytes == 64 << 20
+    s = apply_overrides(settings_from_dict({"engine": {"copy_queue_size": "64MiB"}}), {"copy_queue_size": "auto"})
+    assert not s.engine.copy_queue_explicit and s.engine.copy_queue_bytes == 256 << 20
+
+
+@pytest.mark.parametrize("value", ["automatic", "fast", "", "-1MiB", 0, True, [1], None])
+def test_copy_queue_size_garbage_names_the_field_and_both_forms(value):
+    with pytest.raises(ConfigError) as e:
+        settings_from_dict({"engine": {"copy_queue_size": value}}, source="lifeboat.yaml")
+    msg = str(e.value)
+    assert msg.startswith("lifeboat.yaml: engine.copy_queue_size:") and "auto" in msg and "MiB" in msg, msg

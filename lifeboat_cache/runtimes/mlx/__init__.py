@@ -10,6 +10,7 @@ stored as its uint16 bit pattern (numpy has no bfloat16 buffer format); nothing 
   fingerprint.py  ModelFingerprint (its namespace keys every record), weights identity
   transfer.py     gathers out of the KV pool and installs into it (scheduler thread: MLX threading rule)
   writer.py       ChunkWriter, the bounded background writer (numpy and file I/O only), exit drain
+  queue_size.py   the writer queue's bound: one context's KV (floor, cap) unless lifeboat.yaml sets it
   reader.py       ChunkReader (verified runs into pool-layout rows), PrefetchTable (arrival reads)
   engine.py       MlxChunkEngine: what the SGLang radix cache calls; RequestPathClock
   hybrid.py       hybrid models: recurrent-state snapshots saved and restored next to the chunks
@@ -27,6 +28,7 @@ from .fingerprint import (LAYOUT_VERSION, STATE_LAYOUT_VERSION, TAIL_LAYOUT_VERS
                           mx_dtype_name, weights_identity)
 from .hybrid import HybridState, numpy_to_state, state_specs_bytes, state_to_numpy
 from .keys import CHUNK_TOKENS, chain_seed, chunk_keys, tail_key
+from .queue_size import QueueSize, writer_queue_size
 from .reader import ChunkRead, ChunkReader, PrefetchTable, RowBuffers
 from .transfer import (PoolLayout, gather_chunks, gather_request_chunks, gather_request_rows, install_chunks,
                        install_rows, numpy_view, prepare_pool, settle_pool)
@@ -35,8 +37,9 @@ from .writer import ChunkWriter, drain_at_exit
 __all__ = [
     "CHUNK_TOKENS", "LAYOUT_VERSION", "STATE_LAYOUT_VERSION", "TAIL_LAYOUT_VERSION",
     "ChunkRead", "ChunkReader", "ChunkWriter", "HybridState", "MlxChunkEngine", "ModelFingerprint",
-    "PoolLayout", "PrefetchTable", "RequestPathClock", "RowBuffers",
+    "PoolLayout", "PrefetchTable", "QueueSize", "RequestPathClock", "RowBuffers",
     "chain_seed", "chunk_keys", "drain_at_exit", "gather_chunks", "gather_request_chunks", "gather_request_rows",
     "install_chunks", "install_rows", "mx_dtype_name", "numpy_to_state", "numpy_view", "prepare_pool", "settle_pool",
     "state_specs_bytes", "state_to_numpy", "tail_key", "weights_identity",
+    "writer_queue_size",
 ]

@@ -53,7 +53,11 @@ class MlxChunkEngine:
     """
 
     def __init__(self, store: "ChunkStore", fingerprint: ModelFingerprint, *, queue_bytes: int,
-                 prefetch_bytes: int | None = None, read_workers: int = 2, owns_store: bool = True) -> None:
+                 prefetch_bytes: int | None = None, idle_read_bytes: int | None = None, read_workers: int = 2,
+                 owns_store: bool = True) -> None:
+        """``queue_bytes`` bounds the writer's queue (see ``queue_size.writer_queue_size``);
+        ``prefetch_bytes`` the reads started at arrival and ``idle_read_bytes`` the staging buffers kept
+        for reuse between restores (both default to ``queue_bytes``)."""
         self.store = store
         self.fp = fingerprint
         self.ns = fingerprint.namespace()
@@ -62,7 +66,8 @@ class MlxChunkEngine:
         self.chunk = fingerprint.chunk_tokens
         self.writer = ChunkWriter(store, queue_bytes)
         read_bytes = prefetch_bytes if prefetch_bytes is not None else queue_bytes
-        self.buffers = RowBuffers(fingerprint, max_idle_bytes=read_bytes)
+        self.buffers = RowBuffers(fingerprint, max_idle_bytes=read_bytes if idle_read_bytes is None
+                                  else idle_read_bytes)
         self.reader = ChunkReader(store, fingerprint, workers=read_workers, buffers=self.buffers)
         self.prefetches = PrefetchTable(read_bytes)
         self._layout: tuple[Any, PoolLayout] | None = None  # (weakref to the pool, what installs need)
@@ -93,23 +98,42 @@ class MlxChunkEngine:
     def capture(self, pool: Any, chunk_slots: Sequence[np.ndarray], keys: Sequence[bytes],
                 affinity: int | None = None) -> int:
         """Copy chunks out of the pool (gather + eval here) and queue them; returns chunks queued."""
-        if not keys:
-            return 0
-        t0 = time.perf_counter()
-        settle_pool(pool)  # SGLang's deferred pool writes: work it would do anyway, timed apart
-        t1 = time.perf_counter()
-        self.clock.add("pool_settle", t1 - t0)
-        kv = gather_chunks(pool, np.concatenate(list(chunk_slots)), self.chunk)
-        return self._queue(kv, keys, affinity, t1)
+        fit = queued = self._fitting(len(keys))
+        if fit:
+            t0 = time.perf_counter()
+            settle_pool(pool)  # SGLang's deferred pool writes: work it would do anyway, timed apart
+            t1 = time.perf_counter()
+            self.clock.add("pool_settle", t1 - t0)
+            kv = gather_chunks(pool, np.concatenate(list(chunk_slots)[:fit]), self.chunk)
+            queued = self._queue(kv, keys[:fit], affinity, t1)
+        return self._count_unfit(len(keys), fit, queued)
 
     def capture_from_request(self, layer_caches: Sequence[Any], chunk_ids: Sequence[int],
                              keys: Sequence[bytes], affinity: int | None = None) -> int:
         """Copy chunks out of a request's own KV caches (see :func:`gather_request_chunks`) and queue them."""
-        if not keys:
-            return 0
-        t0 = time.perf_counter()
-        kv = gather_request_chunks(layer_caches, chunk_ids, self.chunk)
-        return self._queue(kv, keys, affinity, t0)
+        fit = queued = self._fitting(len(keys))
+        if fit:
+            t0 = time.perf_counter()
+            kv = gather_request_chunks(layer_caches, list(chunk_ids)[:fit], self.chunk)
+            queued = self._queue(kv, keys[:fit], affinity, t0)
+        return self._count_unfit(len(keys), fit, queued)
+
+    def _fitting(self, n: int) -> int:
+        """How many of ``n`` chunks (from the first) the writer's queue has room for now. Only those
+        are copied: a copy of chunks the queue then refuses would cost the scheduler thread for nothing
+        and hold their memory until the batch is written.
+
+        Only the scheduler thread offers chunks and the writer only frees room, so what fits here still
+        fits at the offer; the offer enforces the bound regardless."""
+        return max(0, min(n, self.writer.room() // self.fp.chunk_bytes))
+
+    def _count_unfit(self, n: int, fit: int, queued: int) -> int:
+        """Count the ``n - fit`` chunks that were never copied as dropped (after the offer, so the
+        drop's log line shows the queue with this request in it; the offer counts its own); returns
+        ``queued``."""
+        if fit < n:
+            self.writer.drop(n - fit, (n - fit) * self.fp.chunk_bytes)
+        return queued
 
     def _queue(self, kv: "mx.array", keys: Sequence[bytes], affinity: int | None, t0: float) -> int:
         whole = numpy_view(kv)

@@ -65,6 +65,11 @@ class ModelFingerprint:
     def chunk_bytes(self) -> int:
         return int(np.prod(self.chunk_shape)) * self.np_dtype.itemsize
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token in every pooled layer: layers x 2 x heads x head_dim x dtype bytes."""
+        return self.chunk_bytes // self.chunk_tokens
+
 
 def weights_identity(model_dir: str | os.PathLike[str], memo_dir: Path | None = None) -> str:
     """Content digest of a model directory's config and weight files (blake2b-128 hex).

@@ -89,6 +89,14 @@ class ChunkWriter:
     def queued_bytes(self) -> int:
         return self._writer.pending_bytes
 
+    def room(self) -> int:
+        """Bytes an offer may have now and still be queued whole (a hint; 0 once closed)."""
+        return self._writer.room()
+
+    def drop(self, chunks: int, nbytes: int) -> None:
+        """Count chunks dropped before they were offered (the queue had no room for them)."""
+        self._writer.drop(chunks, nbytes, closed=self._writer.closed)
+
     def _write(self, batches: list[_Batch]) -> None:
         for batch in batches:
             ok: list[bool] = [False] * len(batch.keys)
