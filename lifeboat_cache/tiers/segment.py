@@ -991,8 +991,9 @@ class SegmentDir:
 
     # ------------------------------------------------------------------ snapshot
     def save_snapshot(self) -> bool:
-        """Persist the index shard by shard (temp file, fsync, rename) so the next open has its first
-        hits at once. Only entries of sealed, fully scanned segments go in; memory: one shard.
+        """Persist the index shard by shard (temp file, fsync where segments are fsync'd, rename) so
+        the next open has its first hits at once. Only entries of sealed, fully scanned segments go
+        in; memory: one shard.
 
         Returns whether it was written; a failure (full disk) is logged once and only costs a slower
         next open."""
@@ -1015,7 +1016,7 @@ class SegmentDir:
 
         ok = False
         try:
-            snap.save(self.path, units, shards(), self.file_mode)
+            snap.save(self.path, units, shards(), self.file_mode, fsync=self.fsync)
             ok = True
         except OSError as e:
             self.counters.add("snapshot_save_failures")
