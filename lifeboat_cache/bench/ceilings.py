@@ -1,7 +1,7 @@
 """Ceilings: what this machine can do at all, measured in the same run as the contenders.
 
 * memory copy (numpy copyto, one core);
-* plain files: write into the page cache only (the bound on any backend's write when nothing waits
+* plain files: write into the page cache only (two threads: what a write costs when nothing waits
   for the disk, as in sglang_vs_file), write + fsync, then a cold read of the same bytes (page cache
   dropped and checked), in the same directory the contenders write to;
 * the record codec, one core: encode (build_record: planes + zstd or raw, plus the checksum) and decode
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,21 +46,37 @@ def memcpy(buf: np.ndarray, reps: int) -> dict[str, Any]:
     return {"gb_s": s.summary(), "cpu_gb_s": cpu.summary()}
 
 
-def plain_file(buf: np.ndarray, work: Path, reps: int, file_bytes: int = 8 << 20) -> dict[str, Any]:
-    """Write the bytes as 8 MiB files, once into the page cache only (no fsync: what a backend's
-    write costs when nothing waits for the disk, as neither contender's writes do), once + fsync
-    each, then read them back cold (checked), one thread."""
+def _write_files(buf: np.ndarray, d: Path, file_bytes: int, threads: int) -> float:
+    """Seconds to write buf as file_bytes files into the page cache (no fsync), `threads` threads
+    taking alternate files."""
+    def part(k: int) -> None:
+        for i, off in enumerate(range(0, buf.nbytes, file_bytes)):
+            if i % threads == k:
+                with open(d / f"b{i}.bin", "wb") as f:
+                    f.write(buf[off: off + file_bytes])
+
+    workers = [threading.Thread(target=part, args=(k,)) for k in range(threads)]
+    t = time.perf_counter()
+    for th in workers:
+        th.start()
+    for th in workers:
+        th.join()
+    return time.perf_counter() - t
+
+
+def plain_file(buf: np.ndarray, work: Path, reps: int, file_bytes: int = 8 << 20,
+               write_threads: int = 2) -> dict[str, Any]:
+    """Write the bytes as 8 MiB files into the page cache only (no fsync: what a write costs when
+    nothing waits for the disk, as neither contender's does; `write_threads` threads, as many as
+    LifeboatCache's default io workers), then again + fsync each, then read them back cold (checked),
+    one thread."""
     d = work / "plain-ceiling"
     w, wb, r = Series(), Series(), Series()
     resident = []
     for rep in range(reps):
         d.mkdir(parents=True, exist_ok=True)
         os.sync()
-        t = time.perf_counter()
-        for i, off in enumerate(range(0, buf.nbytes, file_bytes)):
-            with open(d / f"b{i}.bin", "wb") as f:
-                f.write(buf[off: off + file_bytes])
-        wb.add(buf.nbytes / (time.perf_counter() - t) / 1e9)
+        wb.add(buf.nbytes / _write_files(buf, d, file_bytes, write_threads) / 1e9)
         for p in d.iterdir():
             p.unlink()
         os.sync()
@@ -79,7 +96,7 @@ def plain_file(buf: np.ndarray, work: Path, reps: int, file_bytes: int = 8 << 20
         r.add(buf.nbytes / (time.perf_counter() - t) / 1e9)
         for p in d.iterdir():
             p.unlink()
-    return {"write_buffered_gb_s": wb.summary(), "write_fsync_gb_s": w.summary(), "cold_read_gb_s": r.summary(),
+    return {"write_buffered_gb_s": wb.summary(), "write_buffered_threads": write_threads, "write_fsync_gb_s": w.summary(), "cold_read_gb_s": r.summary(),
             "resident_pages_before_read": resident}
 
 

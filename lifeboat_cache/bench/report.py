@@ -50,7 +50,8 @@ def tables(res: dict[str, Any]) -> str:
         out.append(f"| memory copy (numpy, 1 core) | {_spread(c['memcpy']['gb_s'])}{cpu} |")
         pf = c["plain_file"]
         if "write_buffered_gb_s" in pf:
-            out.append(f"| plain files: write to the page cache (no fsync) | {_spread(pf['write_buffered_gb_s'])} |")
+            out.append(f"| plain files: write to the page cache (no fsync, {pf.get('write_buffered_threads', 1)} "
+                       f"threads) | {_spread(pf['write_buffered_gb_s'])} |")
         out.append(f"| plain files: write + fsync | {_spread(pf['write_fsync_gb_s'])} |")
         out.append(f"| plain files: cold read (resident before: {max(pf['resident_pages_before_read'])} pages) "
                    f"| {_spread(pf['cold_read_gb_s'])} |")
@@ -77,10 +78,9 @@ def tables(res: dict[str, Any]) -> str:
                 f"(max resident pages before a cold read: "
                 f"{max((max(x['resident_pages_before_cold_read']) for x in s['cases']), default=0)}).", "",
                 "Write headroom: the plain-file write into the page cache (ceilings) over `file`'s median "
-                "write, about the most a backend that writes every page byte through the page cache can "
-                "gain over `file` here (a second writing thread adds little to that ceiling on this kind of "
-                "machine). No such column for cold reads: parallel reads beat the one-thread plain-file "
-                "cold read.", "",
+                "write: how far past `file` a backend that writes every page byte through the page cache "
+                "with as many threads could get here. No such column for cold reads: parallel reads beat "
+                "the one-thread plain-file cold read.", "",
                 "| shape | layout | data | pages x MiB | write | cold read | warm read | write headroom | "
                 "lifeboat GB/s w / cold / warm | file GB/s w / cold / warm | CPU s/GB write: lifeboat / file "
                 "| CPU s/GB cold read: lifeboat / file |",
