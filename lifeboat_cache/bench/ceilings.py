@@ -96,8 +96,8 @@ def plain_file(buf: np.ndarray, work: Path, reps: int, file_bytes: int = 8 << 20
         r.add(buf.nbytes / (time.perf_counter() - t) / 1e9)
         for p in d.iterdir():
             p.unlink()
-    return {"write_buffered_gb_s": wb.summary(), "write_buffered_threads": write_threads, "write_fsync_gb_s": w.summary(), "cold_read_gb_s": r.summary(),
-            "resident_pages_before_read": resident}
+    return {"write_buffered_gb_s": wb.summary(), "write_buffered_threads": write_threads,
+            "write_fsync_gb_s": w.summary(), "cold_read_gb_s": r.summary(), "resident_pages_before_read": resident}
 
 
 def codec_speed(pages: list[np.ndarray], compress: bool, reps: int) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def _status(sec: Any) -> str:
     return "missing"
 
 
-def _bound(ceiling: dict[str, Any] | None, file: dict[str, Any]) -> str:
+def _headroom(ceiling: dict[str, Any] | None, file: dict[str, Any]) -> str:
     """A plain-file ceiling's median over the file backend's median ('-' without the ceiling)."""
     if not ceiling or not file.get("median"):
         return "-"
@@ -92,7 +92,7 @@ def tables(res: dict[str, Any]) -> str:
                 f"| {x['shape']} | {x['layout']} | {x['kind']} | {x['pages']} x {x['page_bytes'] / 2**20:.2f} "
                 f"| {_spread(x['ratio']['write'])}x | {_spread(x['ratio']['cold_read'])}x "
                 f"| {_spread(x['ratio']['warm_read'])}x "
-                f"| {_bound(pf.get('write_buffered_gb_s'), g['file']['write'])} "
+                f"| {_headroom(pf.get('write_buffered_gb_s'), g['file']['write'])} "
                 f"| {_three(g['lifeboat'])} | {_three(g['file'])} "
                 f"| {cp['lifeboat']['write']['median']:.2f} / {cp['file']['write']['median']:.2f} "
                 f"| {cp['lifeboat']['cold_read']['median']:.2f} / {cp['file']['cold_read']['median']:.2f} |")

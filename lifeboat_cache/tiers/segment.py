@@ -58,7 +58,7 @@ _HASH_BATCH = 16  # trailers hashed in one vectorized pass by the snapshot check
 _BATCH_MIN = 1 << 16  # entries per bulk index insert during the initial rebuild (at least)
 # ... and at most this many, or an eighth of what is indexed when that is more: a batch's columns
 # (24 B an entry) are the rebuild's memory above the index. Measured on a 10M-page crash reopen (no
-# snapshot): peak 48 -> 38 B/page resident, 38 -> 34 after it, the same 2.7 s to the full index.
+# snapshot): peak 48 -> 39 B/page resident, the same 2.7 s to the full index.
 _BATCH_MAX = 1 << 21
 DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
 CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (one pread) while busy
