@@ -128,6 +128,34 @@ def test_snapshot_mismatch_rescans(tmp_path):
         assert st.count_leading_hits(NS, ks) == 50 and all(read_back(st, ks, pages))
 
 
+def test_rebuild_without_snapshot_in_capped_batches_finds_every_page(tmp_path, monkeypatch):
+    """A reopen with no snapshot indexes its segments in batches that stop growing at _BATCH_MAX (the
+    rebuild's memory above the index): every page is found, and no bulk insert is larger."""
+    from lifeboat_cache.index import Index
+    from lifeboat_cache.tiers import segment
+
+    ks, pages = keys(600), [page(i) for i in range(600)]
+    with ChunkStore.open(settings(tmp_path), background=False) as st:
+        assert all(st.put(NS, ks, pages))
+    (tmp_path / SNAPSHOT_NAME).unlink()
+    assert len(list(tmp_path.glob("*.seg"))) >= 3
+    monkeypatch.setattr(segment, "_BATCH_MIN", 16)
+    monkeypatch.setattr(segment, "_BATCH_MAX", 64)
+    sizes: list[int] = []
+    bulk = Index.insert_arrays
+
+    def counted(self, keys, *a, **kw):
+        sizes.append(len(keys))
+        return bulk(self, keys, *a, **kw)
+
+    monkeypatch.setattr(Index, "insert_arrays", counted)
+    with ChunkStore.open(settings(tmp_path)) as st:
+        assert st.wait_rebuilt(30)
+        assert sum(sizes) == 600 and max(sizes) <= 64 and len(sizes) >= 600 // 64
+        assert st.count_leading_hits(NS, ks) == 600
+        assert all(read_back(st, ks, pages))
+
+
 WRITER = textwrap.dedent("""
     import sys, numpy as np
     sys.path.insert(0, {root!r})
