@@ -9,19 +9,11 @@ import sys
 import time
 from typing import Any, Sequence
 
-from .config import ConfigError, Settings, load_settings
+from .config import ConfigError, Settings, format_size, load_settings
 from .store import ChunkStore
 from .tiers.base import Describing, SegmentDirs
 
 log = logging.getLogger("lifeboat")
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def _open(args: argparse.Namespace, *, read_only: bool = False, evict: bool = True) -> ChunkStore:
@@ -63,10 +55,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"config: {stats['config']}")
     for t in stats["tiers"]:
         ratio = f"{t['compression_ratio']:.3f}x" if t["compression_ratio"] else "n/a"
-        cap = (f"{_fmt_bytes(t['usage_bytes'])} of {_fmt_bytes(t['capacity_bytes'])} "
-               f"({100 * t['capacity_used']:.1f}%)") if t["capacity_bytes"] else _fmt_bytes(t["usage_bytes"])
+        cap = (f"{format_size(t['usage_bytes'], 1)} of {format_size(t['capacity_bytes'], 1)} "
+               f"({100 * t['capacity_used']:.1f}%)") if t["capacity_bytes"] else format_size(t["usage_bytes"], 1)
         print(f"tier {t['tier']}\n  pages: {t['pages']}\n  segments: {t['segments']}\n"
-              f"  stored: {_fmt_bytes(t['stored_bytes'])} (raw {_fmt_bytes(t['raw_bytes'])}, ratio {ratio})\n"
+              f"  stored: {format_size(t['stored_bytes'], 1)} (raw {format_size(t['raw_bytes'], 1)}, ratio {ratio})\n"
               f"  capacity: {cap}")
     return 0
 
@@ -117,7 +109,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                     compacted[k] = compacted.get(k, 0) + v
         usage = sum(t.usage_bytes() for t in store.tiers)
     freed += compacted.get("freed_bytes", 0)
-    print(f"gc: freed {_fmt_bytes(freed)}; now using {_fmt_bytes(usage)}")
+    print(f"gc: freed {format_size(freed, 1)}; now using {format_size(usage, 1)}")
     if compacted:
         print(f"gc: compaction rewrote {compacted['rewritten']} segment(s) ({compacted['kept_records']} live "
               f"records kept), removed {compacted['removed']}; {compacted['skipped_unsealed']} open segment(s) "
@@ -164,7 +156,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
         if "compaction" in t:
             c = t["compaction"]
             print(f"purge: {t['tier']}: compacted: {c['rewritten']} rewritten, {c['removed']} removed, "
-                  f"{_fmt_bytes(c['freed_bytes'])} freed, {c['skipped_unsealed']} open segment(s) skipped")
+                  f"{format_size(c['freed_bytes'], 1)} freed, {c['skipped_unsealed']} open segment(s) skipped")
     failed = [t for t in report["tiers"] if t.get("errors")]
     for t in failed:
         print(f"lifeboat: purge: INCOMPLETE on {t['tier']}: {t['errors']} object(s) or listing failed "
@@ -272,8 +264,8 @@ def print_activity(stats: dict[str, Any]) -> None:
     print(f"  reads: {a['pages_read']} pages served, {a['read_misses']} misses")
     print("  misses by reason: " + ", ".join(f"{k} {v}" for k, v in a["misses_by_reason"].items()))
     print("  writes dropped by reason: " + ", ".join(f"{k} {v}" for k, v in a["drops_by_reason"].items()))
-    print(f"  bytes in: {_fmt_bytes(a['bytes_in'])} ({_fmt_bytes(a['bytes_in_stored'])} stored); "
-          f"bytes out: {_fmt_bytes(a['bytes_out'])}")
+    print(f"  bytes in: {format_size(a['bytes_in'], 1)} ({format_size(a['bytes_in_stored'], 1)} stored); "
+          f"bytes out: {format_size(a['bytes_out'], 1)}")
     for op, h in sorted(a["latency"].items()):
         print(f"  {op} calls: {h['count']}, p50 {_pct_of(h, 0.5)}, p99 {_pct_of(h, 0.99)}")
     cds = stats["cooldowns"]
@@ -294,7 +286,7 @@ def print_namespaces(namespaces: dict[str, dict[str, Any]], indent: str = "") ->
         lab = d["labels"]
         print(f"{indent}{lab.get('model', '?')[-32:]:<32} {lab.get('pool', lab.get('kind', '-')):<12} "
               f"{lab.get('rank', '-'):<5} {ns[:16]:<17} {d['pages_written']:>9} "
-              f"{_fmt_bytes(d['bytes_written']):>11}  {_when(d['last_write'])}")
+              f"{format_size(d['bytes_written'], 1):>11}  {_when(d['last_write'])}")
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

@@ -123,6 +123,23 @@ _SIZE_UNITS = {
 }
 
 
+def format_size(n: float, digits: int | None = None) -> str:
+    """Bytes as text in binary units, the other way from parse_size: 512 B, 45 KiB, 1.4 GiB.
+
+    `digits` decimals after the unit's number; by default one below 10 of a unit (when not whole)
+    and none above, for log lines (256 MiB). Raises nothing."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    if unit == "B":
+        return f"{int(value)} B"
+    if digits is None:
+        digits = 1 if value < 10 and value != int(value) else 0
+    return f"{value:.{digits}f} {unit}"
+
+
 def parse_size(value: Any, where: str) -> int:
     """'500GiB', '1.5TB', '64MiB' or an int (bytes) -> bytes, at most MAX_SIZE_BYTES."""
     if isinstance(value, bool):

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lifeboat_cache.config import format_size
 from lifeboat_cache.runtimes.mlx import queue_size as qs
 from lifeboat_cache.runtimes.mlx import ModelFingerprint, writer_queue_size
 
@@ -103,8 +104,8 @@ def test_user_size_wins_and_warns_when_a_context_does_not_fit() -> None:
     assert f"set copy_queue_size: {-(-8192 * per // MiB)}MiB" in w and "auto" in w
 
 
-def test_size_text() -> None:
-    assert [qs.size_text(n) for n in (512, 46080, 256 * MiB, int(1.4 * GiB), 4 * GiB, 360 * MiB)] == [
+def test_format_size() -> None:
+    assert [format_size(n) for n in (512, 46080, 256 * MiB, int(1.4 * GiB), 4 * GiB, 360 * MiB)] == [
         "512 B", "45 KiB", "256 MiB", "1.4 GiB", "4 GiB", "360 MiB"]
 
 

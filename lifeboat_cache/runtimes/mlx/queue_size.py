@@ -15,7 +15,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from ...config import DEFAULT_COPY_QUEUE_BYTES
+from ...config import DEFAULT_COPY_QUEUE_BYTES, format_size
 from .keys import CHUNK_TOKENS
 
 #: The auto bound is never below this (today's fixed default): many short requests finishing
@@ -50,18 +50,6 @@ def queue_cap_bytes(physical_bytes: int | None) -> int:
     return min(QUEUE_CAP_BYTES, physical_bytes // QUEUE_CAP_MEMORY_SHARE)
 
 
-def size_text(n: int) -> str:
-    """256 MiB, 1.4 GiB, 45 KiB: one decimal below 10 of a unit, none above."""
-    value, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    if unit == "B":
-        return f"{int(value)} B"
-    return f"{value:.1f} {unit}" if value < 10 and value != int(value) else f"{value:.0f} {unit}"
-
-
 @dataclass(frozen=True)
 class QueueSize:
     """The writer queue's bound and why (``message``, logged once at start; ``warning`` when a
@@ -92,37 +80,37 @@ def writer_queue_size(kv_bytes_per_token: int, context_tokens: int | None, *, co
     cap = queue_cap_bytes(physical_memory_bytes()) if cap is None else cap
     if kv_bytes_per_token <= 0:
         raise ValueError(f"writer_queue_size: kv_bytes_per_token={kv_bytes_per_token}; it must be > 0")
-    per_token = f"{size_text(kv_bytes_per_token)}/token"
+    per_token = f"{format_size(kv_bytes_per_token)}/token"
     need = context_tokens * kv_bytes_per_token + extra_bytes if context_tokens else None
     ctx = (f"one {context_tokens:,}-token context of KV at {per_token}"
            f"{f' ({context_note})' if context_note else ''}") if context_tokens else ""
 
     if configured is not None:
-        msg = f"lifeboat: MLX writer queue {size_text(configured)}, set by engine.copy_queue_size"
+        msg = f"lifeboat: MLX writer queue {format_size(configured)}, set by engine.copy_queue_size"
         warning = None
         if need is not None and configured < need:
             kept = configured // (kv_bytes_per_token * chunk_tokens) * chunk_tokens
-            warning = (f"lifeboat: engine.copy_queue_size ({size_text(configured)}) is less than {ctx}, "
-                       f"which is {size_text(need)}: requests longer than {kept:,} tokens keep only their leading "
+            warning = (f"lifeboat: engine.copy_queue_size ({format_size(configured)}) is less than {ctx}, "
+                       f"which is {format_size(need)}: requests longer than {kept:,} tokens keep only their leading "
                        f"chunks and the rest is recomputed on return; set copy_queue_size: "
-                       f"{math.ceil(need / (1 << 20))}MiB, or auto (one context, at most {size_text(cap)} "
+                       f"{math.ceil(need / (1 << 20))}MiB, or auto (one context, at most {format_size(cap)} "
                        f"on this machine)")
         return QueueSize(configured, True, need, configured, msg, warning)
 
     if need is None:
-        msg = (f"lifeboat: MLX writer queue {size_text(floor)}, the floor: the model's context length is "
+        msg = (f"lifeboat: MLX writer queue {format_size(floor)}, the floor: the model's context length is "
                f"unknown (KV at {per_token}); set engine.copy_queue_size for long requests")
         return QueueSize(floor, False, None, floor, msg)
     if need <= floor:
         size = floor
-        msg = f"lifeboat: MLX writer queue {size_text(size)}, the floor: {ctx} is {size_text(need)}"
+        msg = f"lifeboat: MLX writer queue {format_size(size)}, the floor: {ctx} is {format_size(need)}"
     elif need <= cap:
         size = need
-        msg = f"lifeboat: MLX writer queue {size_text(size)} = {ctx}"
+        msg = f"lifeboat: MLX writer queue {format_size(size)} = {ctx}"
     else:
         size = max(cap, floor)
         kept = size // (kv_bytes_per_token * chunk_tokens) * chunk_tokens
-        msg = (f"lifeboat: MLX writer queue {size_text(size)}, capped (at most {size_text(QUEUE_CAP_BYTES)} "
-               f"and 1/{QUEUE_CAP_MEMORY_SHARE} of physical memory): {ctx} is {size_text(need)}; requests longer than "
+        msg = (f"lifeboat: MLX writer queue {format_size(size)}, capped (at most {format_size(QUEUE_CAP_BYTES)} "
+               f"and 1/{QUEUE_CAP_MEMORY_SHARE} of physical memory): {ctx} is {format_size(need)}; requests longer than "
                f"{kept:,} tokens keep only their leading chunks (engine.copy_queue_size raises it)")
     return QueueSize(size, False, need, min(size, floor), msg)
