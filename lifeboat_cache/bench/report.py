@@ -44,11 +44,11 @@ def tables(res: dict[str, Any]) -> str:
            f"{'quick' if res['quick'] else 'full'} run, {res['elapsed_s']:.0f} s. "
            "Medians over reps, (min-max) across reps.", ""]
     c = res["sections"].get("ceilings")
+    pf = c.get("plain_file", {}) if _ok(c) else {}  # also the write headroom of sglang_vs_file below
     out += ["### Ceilings (absolute, this machine)", "", "| what | GB/s |", "|---|---|"]
     if _ok(c):
         cpu = f" (per CPU-second: {_spread(c['memcpy']['cpu_gb_s'])})" if "cpu_gb_s" in c["memcpy"] else ""
         out.append(f"| memory copy (numpy, 1 core) | {_spread(c['memcpy']['gb_s'])}{cpu} |")
-        pf = c["plain_file"]
         if "write_buffered_gb_s" in pf:
             out.append(f"| plain files: write to the page cache (no fsync, {pf.get('write_buffered_threads', 1)} "
                        f"threads) | {_spread(pf['write_buffered_gb_s'])} |")
@@ -85,7 +85,6 @@ def tables(res: dict[str, Any]) -> str:
                 "lifeboat GB/s w / cold / warm | file GB/s w / cold / warm | CPU s/GB write: lifeboat / file "
                 "| CPU s/GB cold read: lifeboat / file |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        pf = c.get("plain_file", {}) if _ok(c) else {}
         for x in s["cases"]:
             g, cp = x["gb_s"], x["cpu_s_per_gb"]
             out.append(
