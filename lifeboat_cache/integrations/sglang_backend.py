@@ -54,16 +54,10 @@ from .sglang_guard import _guarded, _no_pages, _no_transfers
 from .sglang_keys import dialog_affinity, pool_namespace
 from .sglang_launch_rules import parse_zero_copy
 from .sglang_pages import _INT_OF_WIDTH, _np, _page_tensors, _Pool
+from .sglang_preflight import EXTRA_CONFIG, SGLANG_KEYS
 
 log = logging.getLogger(__name__)
 
-# Keys of the extra-config object that belong to SGLang (or to other backends), not to lifeboat.yaml.
-SGLANG_KEYS = frozenset({
-    "backend_name", "module_path", "class_name", "interface_v1", "allocator", "prefetch_threshold",
-    "prefetch_timeout_base", "prefetch_timeout_per_ki_token", "hicache_storage_pass_prefix_keys",
-    "tp_lcm_size", "file_storage_path",
-})
-EXTRA_CONFIG = "--hicache-storage-backend-extra-config"  # names the source in ConfigError messages
 _METRIC_SAMPLES = 4096  # per-call samples kept for get_stats() between two scrapes
 
 

@@ -10,7 +10,8 @@ nothing and validates nothing; it installs:
   `resolving_view`, asks `sglang_launch_rules.plan_launch_tuning` what to change, declares it with
   `declare_resolution` (the raw flags stay as typed, later SGLang steps see our values exactly as
   if they had been typed), logs each decision once, then runs SGLang's own step. An invalid
-  `LIFEBOAT_*` value raises there, which stops resolution and so the launch.
+  `LIFEBOAT_*` value, a bad lifeboat.yaml / extra-config key or an unwritable store directory
+  (`sglang_preflight`) raises there, which stops resolution and so the launch.
 * in processes that build KV pools (the scheduler), two `HookRegistry` AROUND hooks that bound
   SGLang's GPU write-back staging buffer (see `_bound_mha_staging`), inert unless the published
   launch uses the LifeboatCache backend.
@@ -32,6 +33,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from . import sglang_cpu
 from . import sglang_launch_rules as rules
+from .sglang_preflight import check_launch_config
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +127,9 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
     if not plan.active:
         return plan
     fields = plan.fields
+    # The backend's own configuration, checked before SGLang loads anything (sglang_preflight).
+    declared = fields.get("hicache_storage_backend_extra_config")
+    check_launch_config(parse_extra_config(declared) if declared else extra_config, env)
     if fields:
         declare_resolution(server_args, DECLARATION_SOURCE, **fields)
     for message in plan.messages():

@@ -6,10 +6,11 @@ No part of SGLang is stubbed. The plugin is found through the installed package'
 would read is checked in the config bags SGLang projects from the resolved record.
 
 Two kinds of launch are resolved:
-* `--model-path dummy --device cpu`: SGLang stops after `handle_hardware_runtime_validation`, so no
+* `--model-path dummy --device cuda`: SGLang stops after `handle_hardware_runtime_validation`, so no
   hardware or model is needed. Our step (`handle_hicache_ratio_default`) runs before that stop.
-* a local tiny Llama `config.json` with `--device cpu`: the whole pipeline runs (attention-backend
-  selection, `_page_size_default`, `handle_hicache`, ...), which shows our declarations survive it.
+* a local tiny Llama `config.json`: the whole pipeline runs (attention-backend selection,
+  `_page_size_default`, `handle_hicache`, ...), which shows our declarations survive it.
+* `--device cpu` launches (test_cpu_*): the CPU layout rule and the configuration preflight.
 
 Host RAM and GPU memory are injected (the plugin's `available_ram_bytes` / `gpu_memory_bytes`) so the
 expected pool sizes are exact.
@@ -106,7 +107,7 @@ def resolve(model_path: str = "dummy", **kw):
     """Resolve a launch like `launch_server` does; returns the record."""
     from sglang.srt.server_args import ServerArgs
 
-    kw.setdefault("device", "cpu")
+    kw.setdefault("device", "cuda")  # the tuning under test is the CUDA launch; CPU launches: test_cpu_*
     sa = ServerArgs(model_path=model_path, skip_tokenizer_init=True, **kw)
     sa.resolve_once()
     return sa
@@ -638,3 +639,79 @@ def test_mlx_radix_backend_registration(monkeypatch, caplog) -> None:
         sglang_plugin._register_mlx_radix_backend()
     assert registry.registered_radix_cache_backends() == []
     assert any("cannot load" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU launches (a real CPU server: tests/e2e/test_sglang_server.py) and the configuration preflight
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cpu_launch_gets_the_one_layout_sglang_can_copy_off_cuda(tiny_model: str, caplog) -> None:
+    caplog.set_level(logging.INFO, logger=sglang_plugin.__name__)
+    sa = resolve(tiny_model, device="cpu", **LIFEBOAT)
+    assert (view(sa).hicache_mem_layout, view(sa).hicache_io_backend) == ("layer_first", "direct")
+    assert (sa.hicache_mem_layout, sa.hicache_io_backend) == ("page_first", "kernel")  # raw: as typed
+    ours = [r.getMessage() for r in caplog.records if r.name == sglang_plugin.__name__]
+    assert any(m.startswith("LifeboatCache: host layout layer_first (io direct) (CPU launch") for m in ours)
+
+
+def test_cpu_launch_keeps_the_working_pair_typed_by_hand(tiny_model: str) -> None:
+    sa = resolve(tiny_model, device="cpu", hicache_mem_layout="layer_first", hicache_io_backend="direct", **LIFEBOAT)
+    assert (view(sa).hicache_mem_layout, view(sa).hicache_io_backend) == ("layer_first", "direct")
+    assert all("hicache_mem_layout" not in d for d in our_declarations(sa))
+
+
+@pytest.mark.parametrize("given", [{"hicache_io_backend": "direct"}, {"hicache_mem_layout": "page_first_direct"},
+                                   {"hicache_mem_layout": "layer_first"}])
+def test_cpu_launch_refuses_a_typed_layout_that_cannot_copy(given: dict) -> None:
+    from lifeboat_cache.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--hicache-mem-layout layer_first --hicache-io-backend direct"):
+        resolve(device="cpu", **LIFEBOAT, **given)
+
+
+def test_a_bad_config_file_stops_the_launch_naming_file_and_key(tmp_path: Path, monkeypatch) -> None:
+    from lifeboat_cache.config import ConfigError
+
+    bad = tmp_path / "lifeboat.yaml"
+    bad.write_text(f"storage:\n  - type: local\n    path: {tmp_path / 's'}\n    capcity: 1GiB\n")
+    monkeypatch.setenv("LIFEBOAT_CONFIG", str(bad))
+    with pytest.raises(ConfigError, match=rf"{bad}: storage\[0\]: unknown key\(s\) capcity; allowed keys are"):
+        resolve(**LIFEBOAT)
+
+
+def test_a_bad_extra_config_key_stops_the_launch() -> None:
+    from lifeboat_cache.config import ConfigError
+
+    extra = json.dumps({**rules.BACKEND_EXTRA_CONFIG, "io_workerz": 4})
+    with pytest.raises(ConfigError, match="--hicache-storage-backend-extra-config.*io_workerz"):
+        resolve(enable_hierarchical_cache=True, hicache_storage_backend="dynamic",
+                hicache_storage_backend_extra_config=extra)
+
+
+def test_an_unwritable_store_directory_stops_the_launch(tmp_path: Path) -> None:
+    from lifeboat_cache.config import ConfigError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    storage = [{"type": "local", "path": str(tmp_path / "ok")}, {"type": "nfs", "path": str(blocker / "store")}]
+    extra = json.dumps({**rules.BACKEND_EXTRA_CONFIG, "storage": storage})
+    with pytest.raises(ConfigError, match=r"storage\[1\]\.path: the store directory .*a-file/store is not writable "
+                                          r"\(Not a directory\); fix the path or its permissions"):
+        resolve(enable_hierarchical_cache=True, hicache_storage_backend="dynamic",
+                hicache_storage_backend_extra_config=extra)
+    assert (tmp_path / "ok").is_dir() and not list((tmp_path / "ok").iterdir())  # probe file removed
+
+
+def test_a_hung_store_directory_does_not_hang_the_launch(tmp_path: Path, monkeypatch) -> None:
+    """A directory whose probe does not come back (a frozen filer) is logged; the launch goes on."""
+    import threading
+
+    from lifeboat_cache.integrations import sglang_preflight
+
+    frozen = threading.Event()
+    monkeypatch.setattr(sglang_preflight, "make_dirs", lambda path: frozen.wait(30))
+    try:
+        assert sglang_preflight.probe_writable(tmp_path / "x", timeout=0.2) is None
+    finally:
+        frozen.set()
