@@ -296,9 +296,10 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
             if not isinstance(obj["prefix"], str):
                 raise ConfigError(f"{where}.prefix: expected a string such as 'lifeboat/', got {_show(obj['prefix'])}")
             kw["prefix"] = obj["prefix"]
-        for k in ("endpoint_url", "region"):
-            if obj.get(k) is not None:
-                kw[k] = _parse_str(obj[k], f"{where}.{k}")
+        if obj.get("region") is not None:
+            kw["region"] = _parse_str(obj["region"], f"{where}.region")
+        if obj.get("endpoint_url") is not None:
+            kw["endpoint_url"] = parse_endpoint_url(obj["endpoint_url"], f"{where}.endpoint_url")
         for k in ("connect_timeout_s", "read_timeout_s"):
             if k in obj:
                 kw[k] = _parse_float(obj[k], f"{where}.{k}", 0.05, 600)
@@ -318,6 +319,31 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
     if obj.get("max_age") is not None:
         kw["max_age_s"] = parse_age(obj["max_age"], f"{where}.max_age")
     return TierSettings(**kw)
+
+
+def parse_endpoint_url(value: Any, where: str) -> str:
+    """An S3 endpoint: an http(s) URL with a host and nothing after it but an optional path.
+
+    botocore accepts nearly any string here and fails at the first request with an error that does
+    not name the config key; checked at load, the key is named with a valid example.
+    """
+    from urllib.parse import urlsplit
+
+    text = _parse_str(value, where)
+    example = "e.g. https://s3.us-east-1.amazonaws.com or http://127.0.0.1:9000"
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # ValueError for a port out of range or not a number
+    except ValueError as e:
+        raise ConfigError(f"{where}: {_show(text)} is not a URL ({e}); expected http(s)://host[:port], {example}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: {_show(text)} is not an http(s) URL with a host; expected http(s)://host[:port], "
+                          f"{example}")
+    if parts.query or parts.fragment or parts.username or parts.password or any(c.isspace() for c in text):
+        raise ConfigError(f"{where}: {_show(text)}: no credentials, query, fragment or spaces in an endpoint URL "
+                          f"(keys go in access_key_id_env / secret_access_key_env); {example}")
+    del port
+    return text
 
 
 AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -50,9 +50,14 @@ class ServerFailed(RuntimeError):
     """The server exited, or did not answer in time; the message ends with the tail of its log."""
 
 
-def cpu_flags(model_dir: Path | str, *, dtype: str = "bfloat16", max_total_tokens: int = 20480,
+def cpu_flags(model_dir: Path | str, *, dtype: str = "float32", max_total_tokens: int = 20480,
               page_size: int = 64) -> list[str]:
-    """The launch flags of SGLang's CPU path (no HiCache yet)."""
+    """The launch flags of SGLang's CPU path (no HiCache yet).
+
+    float32 by default: in bf16 even SGLang's own device prefix cache changes greedy tokens on CPU (a
+    prefill with a cached prefix rounds differently from a full one), so exact token comparisons
+    between a cold and a restored request need fp32.
+    """
     return ["--model-path", str(model_dir), "--device", "cpu", "--attention-backend", "torch_native",
             "--disable-cuda-graph", "--dtype", dtype, "--max-total-tokens", str(max_total_tokens),
             "--page-size", str(page_size), "--skip-server-warmup", "--enable-metrics"]

@@ -121,3 +121,18 @@ def test_copy_queue_size_garbage_names_the_field_and_both_forms(value):
         settings_from_dict({"engine": {"copy_queue_size": value}}, source="lifeboat.yaml")
     msg = str(e.value)
     assert msg.startswith("lifeboat.yaml: engine.copy_queue_size:") and "auto" in msg and "MiB" in msg, msg
+
+
+@pytest.mark.parametrize("url", ["abc", "s3.amazonaws.com", "ftp://host", "http://", "https://:9000",
+                                 "http://host:99999", "http://host:port", "http://user:pw@host",
+                                 "http://host/?x=1", "http://ho st"])
+def test_s3_endpoint_url_garbage_names_the_key_and_a_valid_example(url: str) -> None:
+    doc = {"storage": [{"type": "s3", "bucket": "kv", "endpoint_url": url}]}
+    with pytest.raises(ConfigError, match=r"storage\[0\]\.endpoint_url: .*e\.g\. https://s3\.us-east-1\.amazonaws\.com"):
+        settings_from_dict(doc, source="lifeboat.yaml")
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9000", "https://s3.svm1.example.internal", "https://[::1]:443/s3"])
+def test_s3_endpoint_url_accepts_real_endpoints(url: str) -> None:
+    doc = {"storage": [{"type": "s3", "bucket": "kv", "endpoint_url": url}]}
+    assert settings_from_dict(doc, source="lifeboat.yaml").storage[0].endpoint_url == url
