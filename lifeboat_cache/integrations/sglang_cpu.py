@@ -1,4 +1,4 @@
-"""SGLang's CPU server (`--device cpu`) with HiCache and LifeboatCache: three gaps of 0.5.23, closed by hooks.
+"""SGLang's CPU server (`--device cpu`) with HiCache and LifeboatCache: four gaps of 0.5.23, closed by hooks.
 
 Why: a stock SGLang 0.5.23 server with `--device cpu` (no `SGLANG_USE_CPU_ENGINE`, whose `sgl_kernel`
 CPU build is not on PyPI) cannot run HiCache at all, with any storage backend:
@@ -14,11 +14,19 @@ CPU build is not on PyPI) cannot run HiCache at all, with any storage backend:
    `vllm._custom_ops.rotary_embedding` on a host that is neither CUDA nor the CPU engine. It is only
    stored, for `forward_cuda`; the CPU server runs `forward_native`.
 
+4. The torch_native attention's extend (`layers/attention/torch_native_backend.py:128`) builds the
+   query rows of a cached prefix with `torch.empty` and runs SDPA over them too. Leftover memory read
+   as float32 is often denormal, and SDPA over denormals runs ~70x slower (1,600 rows: 5.6-5.9 s
+   against 0.08 s, measured), so a prefix restored from storage (or from the device cache) made the
+   first token take a minute. The scheduler flushes denormals to zero (`torch.set_flush_denormal`)
+   before its torch threads start, so they inherit it; the garbage rows are discarded by SGLang anyway.
+
 Each fix is a `HookRegistry` hook (or, for the missing op, a module global that did not exist) and
 applies only in scheduler processes of a launch that turns HiCache on, on a host where torch sees no
 CUDA device: with any storage backend, so that SGLang's own `file` backend can be compared with
 LifeboatCache on the same CPU server (`lifeboat bench --only server`). Upstream fixes would be a torch else-branch at `mha.py:60`,
-`pin_memory=torch.cuda.is_available()` in the assembler, and the native rope at `base.py:138`.
+`pin_memory=torch.cuda.is_available()` in the assembler, the native rope at `base.py:138`, and
+attention over the extend rows only (or `torch.zeros`) at `torch_native_backend.py:128`.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 HOST_POOL_INIT = "sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__"
 ROPE_INIT = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__"
+#: Runs in the scheduler right after its configuration is published, before any torch thread starts.
+SCHEDULER_SETUP = "sglang.srt.managers.scheduler.configure_scheduler_process"
 #: Host pool modules that call `transfer_kv_direct` but import it on CUDA / HIP / XPU only.
 DIRECT_COPY_MODULES = ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla")
 
@@ -45,7 +55,7 @@ def applies(uses_hicache: Callable[[], bool]) -> bool:
 
 
 def register(uses_hicache: Callable[[], bool]) -> None:
-    """Install the three fixes in a scheduler process; each is inert unless `applies(uses_hicache)`."""
+    """Install the four fixes in a scheduler process; each is inert unless `applies(uses_hicache)`."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     def unpinned(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -59,6 +69,20 @@ def register(uses_hicache: Callable[[], bool]) -> None:
         with _unused_vllm_rope():
             return original(*args, **kwargs)
 
+    def flush_denormals(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        flushed = applies(uses_hicache)
+        if flushed:
+            import torch
+
+            torch.set_flush_denormal(True)  # threads created from here on inherit it (pthread_create)
+        result = original(*args, **kwargs)  # sets up the scheduler's logging
+        if flushed:
+            logger.info("LifeboatCache: CPU server: the scheduler flushes denormals to zero (SGLang's torch_native "
+                        "extend attends over uninitialised prefix rows); host pools unpinned; torch "
+                        "transfer_kv_direct")
+        return result
+
+    HookRegistry.register(SCHEDULER_SETUP, flush_denormals, HookType.AROUND)
     HookRegistry.register(HOST_POOL_INIT, unpinned, HookType.AROUND)
     HookRegistry.register(ROPE_INIT, rope, HookType.AROUND)
     if not _cuda_available():
