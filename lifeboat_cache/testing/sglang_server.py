@@ -44,6 +44,7 @@ START_TIMEOUT_S = 300.0
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_POLL_LINE = re.compile(r'"GET /(metrics|health) HTTP')
 
 
 class ServerFailed(RuntimeError):
@@ -207,8 +208,10 @@ class SGLangServer:
         self.stop()
 
     def log_tail(self, lines: int = 40) -> str:
+        """The log's last lines, without the access lines of our own /metrics and /health polling."""
         try:
-            text = self.log_path.read_text(errors="replace").splitlines()
+            text = [line for line in self.log_path.read_text(errors="replace").splitlines()
+                    if not _POLL_LINE.search(line) and "server_args=" not in line]
         except OSError:
             return f"(no log at {self.log_path})"
         return f"--- last {lines} lines of {self.log_path}:\n" + "\n".join(text[-lines:])

@@ -127,10 +127,13 @@ def lifecycle(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
         out["metrics_B"] = b.metrics_text()
         b.wait_metric("lifeboat_hits_total", 1, timeout=30)  # the read reached our counters too
         out["metrics_B_after_tick"] = b.metrics_text()
+        # any backup of P's last page (recomputed; A stored its key already) is done before Q is sent
+        b.wait_metric("lifeboat_pages_written_total", 0, settle_s=1.5, timeout=60)
+        acked_before_q = acknowledged(b.log_path)
         out["cold_Q"] = b.generate(q_ids, NEW_TOKENS)
     finally:
         b.kill()  # SIGKILL of every process right after the answer: Q's backups are in flight
-    out["acked_B"] = acknowledged(b.log_path)
+    out["acked_Q"] = acknowledged(b.log_path) - acked_before_q  # Q's pages: keys no one stored before
     out["records_after_kill"] = verify(config)
 
     c = server(model, root, "c", config)
@@ -169,14 +172,14 @@ def test_restart_shows_in_sglang_and_lifeboat_metrics(lifecycle: dict) -> None:
 
 def test_sigkill_during_backups_loses_no_acknowledged_page(lifecycle: dict) -> None:
     # Every page the store said yes to is on disk and verifies (verify exits non-zero on a bad record).
-    assert lifecycle["records_after_kill"] >= lifecycle["records_A"] + lifecycle["acked_B"]
+    assert lifecycle["records_after_kill"] >= lifecycle["records_A"] + lifecycle["acked_Q"]
 
 
 def test_sigkill_restart_never_serves_a_wrong_token(lifecycle: dict) -> None:
     cold_q, after_q = lifecycle["cold_Q"], lifecycle["after_kill_Q"]
     assert after_q.output_ids == cold_q.output_ids
     # What was acknowledged before the kill is reused (Q's backups form one prefix-ordered batch).
-    acked_q = min(lifecycle["acked_B"], whole_pages(cold_q.prompt_tokens) // PAGE)
+    acked_q = min(lifecycle["acked_Q"], whole_pages(cold_q.prompt_tokens) // PAGE)
     assert after_q.storage_tokens >= acked_q * PAGE
     assert after_q.storage_tokens <= whole_pages(cold_q.prompt_tokens)
     after_p = lifecycle["after_kill_P"]
