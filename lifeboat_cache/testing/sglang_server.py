@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .s3_server import _detach_and_die_with_parent, free_loopback_port
 
@@ -296,17 +296,3 @@ def prompt_ids(model_dir: Path | str, tokens: int, *, salt: str = "") -> list[in
         doc = DECLARATION if part % 2 else GETTYSBURG
         ids += tok.encode(f"\n\nPart {part}.\n{doc}").ids
     return ids[:tokens]
-
-
-def lifeboat_pages(server: SGLangServer) -> float:
-    """Pages this server's LifeboatCache wrote to its first tier (`lifeboat_pages_written_total`)."""
-    return server.metric("lifeboat_pages_written_total")
-
-
-def first_differing(a: Iterable[int], b: Iterable[int]) -> Optional[int]:
-    """Index of the first differing token of two outputs (None when equal)."""
-    la, lb = list(a), list(b)
-    for i, (x, y) in enumerate(zip(la, lb)):
-        if x != y:
-            return i
-    return None if len(la) == len(lb) else min(len(la), len(lb))
