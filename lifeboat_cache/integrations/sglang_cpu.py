@@ -14,12 +14,13 @@ CPU build is not on PyPI) cannot run HiCache at all, with any storage backend:
    `vllm._custom_ops.rotary_embedding` on a host that is neither CUDA nor the CPU engine. It is only
    stored, for `forward_cuda`; the CPU server runs `forward_native`.
 
-4. The torch_native attention's extend (`layers/attention/torch_native_backend.py:128`) builds the
-   query rows of a cached prefix with `torch.empty` and runs SDPA over them too. Leftover memory read
-   as float32 is often denormal, and SDPA over denormals runs ~70x slower (1,600 rows: 5.6-5.9 s
-   against 0.08 s, measured), so a prefix restored from storage (or from the device cache) made the
-   first token take a minute. The scheduler flushes denormals to zero (`torch.set_flush_denormal`)
-   before its torch threads start, so they inherit it; the garbage rows are discarded by SGLang anyway.
+4. The torch_native attention's extend (`layers/attention/torch_native_backend.py:128`) attends with
+   every row of the sequence, the cached prefix's too (filled by `torch.empty`, then discarded). So
+   a prefix restored from storage saved only the MLPs: the attention of the whole prompt was paid
+   again, and slower, since leftover memory read as float32 is often denormal and SDPA over
+   denormals runs ~70x slower (1,600 rows: 5.6-5.9 s against 0.08 s, measured). For a sequence with
+   a cached prefix the hook attends with the new rows only, under the same causal rule (row i sees
+   keys up to prefix + i); a sequence without one runs SGLang's own code.
 
 Each fix is a `HookRegistry` hook (or, for the missing op, a module global that did not exist) and
 applies only in scheduler processes of a launch that turns HiCache on, on a host where torch sees no
@@ -43,8 +44,8 @@ logger = logging.getLogger(__name__)
 
 HOST_POOL_INIT = "sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__"
 ROPE_INIT = "sglang.srt.layers.rotary_embedding.base.RotaryEmbedding.__init__"
-#: Runs in the scheduler right after its configuration is published, before any torch thread starts.
-SCHEDULER_SETUP = "sglang.srt.managers.scheduler.configure_scheduler_process"
+EXTEND_ATTENTION = ("sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
+                    "._run_sdpa_forward_extend")
 #: Host pool modules that call `transfer_kv_direct` but import it on CUDA / HIP / XPU only.
 DIRECT_COPY_MODULES = ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla")
 
@@ -69,20 +70,14 @@ def register(uses_hicache: Callable[[], bool]) -> None:
         with _unused_vllm_rope():
             return original(*args, **kwargs)
 
-    def flush_denormals(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        flushed = applies(uses_hicache)
-        if flushed:
-            import torch
+    def extend(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if applies(uses_hicache):
+            call = _bind(original, args, kwargs)
+            if _rows_only_applies(call):
+                return attend_new_rows(**{name: call[name] for name in _ROWS_ARGS})
+        return original(*args, **kwargs)
 
-            torch.set_flush_denormal(True)  # threads created from here on inherit it (pthread_create)
-        result = original(*args, **kwargs)  # sets up the scheduler's logging
-        if flushed:
-            logger.info("LifeboatCache: CPU server: the scheduler flushes denormals to zero (SGLang's torch_native "
-                        "extend attends over uninitialised prefix rows); host pools unpinned; torch "
-                        "transfer_kv_direct")
-        return result
-
-    HookRegistry.register(SCHEDULER_SETUP, flush_denormals, HookType.AROUND)
+    HookRegistry.register(EXTEND_ATTENTION, extend, HookType.AROUND)
     HookRegistry.register(HOST_POOL_INIT, unpinned, HookType.AROUND)
     HookRegistry.register(ROPE_INIT, rope, HookType.AROUND)
     if not _cuda_available():
@@ -112,6 +107,54 @@ def transfer_kv_direct(
     for src, dst in zip(src_layers, dst_layers):
         rows = src.index_select(0, src_indices.to(src.device, non_blocking=False))
         dst.index_copy_(0, dst_indices.to(dst.device), rows.to(dst.device, dst.dtype))
+
+
+_ROWS_ARGS = ("query", "output", "k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens",
+              "extend_prefix_lens", "extend_seq_lens", "scaling", "enable_gqa")
+
+
+def _bind(original: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _rows_only_applies(call: dict[str, Any]) -> bool:
+    """A plain causal self-attention extend in which some sequence has a cached prefix."""
+    return (call.get("encoder_lens") is None and bool(call.get("causal")) and not call.get("is_cross_attn")
+            and call.get("sliding_window_size") is None and bool((call["extend_prefix_lens"] > 0).any()))
+
+
+def attend_new_rows(query: Any, output: Any, k_cache: Any, v_cache: Any, req_to_token: Any, req_pool_indices: Any,
+                    seq_lens: Any, extend_prefix_lens: Any, extend_seq_lens: Any, scaling: Any = None,
+                    enable_gqa: bool = False) -> Any:
+    """SGLang's torch_native extend, attending with each sequence's new rows only.
+
+    Shapes as in SGLang: `query` / `output` [tokens, heads, dim], caches [slots, kv heads, dim]. A
+    sequence without a cached prefix goes exactly as SGLang runs it (`is_causal` over all rows).
+    """
+    import torch
+    from torch.nn.functional import scaled_dot_product_attention
+
+    heads_first = query.movedim(0, query.dim() - 2)
+    start = 0
+    for i in range(seq_lens.shape[0]):
+        n_new, prefix, n_kv = int(extend_seq_lens[i]), int(extend_prefix_lens[i]), int(seq_lens[i])
+        q = heads_first[:, start:start + n_new, :]
+        tokens = req_to_token[req_pool_indices[i], :n_kv]
+        k = k_cache[tokens].movedim(0, query.dim() - 2).to(q.dtype)
+        v = v_cache[tokens].movedim(0, query.dim() - 2).to(q.dtype)
+        if prefix == 0:
+            out = scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), enable_gqa=enable_gqa,
+                                               scale=scaling, is_causal=True)
+        else:
+            keys = torch.arange(n_kv, device=q.device)
+            visible = keys.unsqueeze(0) <= (prefix + torch.arange(n_new, device=q.device)).unsqueeze(1)
+            out = scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=visible,
+                                               enable_gqa=enable_gqa, scale=scaling)
+        output[start:start + n_new, :, :] = out.squeeze(0).movedim(query.dim() - 2, 0)
+        start += n_new
+    return output
 
 
 def _provide_direct_copy(module_name: str) -> None:

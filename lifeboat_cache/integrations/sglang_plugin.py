@@ -16,7 +16,8 @@ nothing and validates nothing; it installs:
   SGLang's GPU write-back staging buffer (see `_bound_mha_staging`), inert unless the published
   launch uses the LifeboatCache backend.
 * in scheduler processes on a host without CUDA, the CPU-server fixes of `sglang_cpu` (unpinned host
-  pools, a torch `transfer_kv_direct`, rope without vllm), inert unless the launch turns HiCache on
+  pools, a torch `transfer_kv_direct`, rope without vllm, extend attention over the new rows only), inert
+  unless the launch turns HiCache on
   (with any storage backend, so SGLang's own `file` backend runs on the same CPU server).
 * under `SGLANG_USE_MLX=1`, the MLX radix-cache backend `lifeboat`, so `--radix-cache-backend
   lifeboat` works when named; `LIFEBOAT_CACHE=1` additionally picks it for a launch that names none.
