@@ -69,6 +69,8 @@ def run(copies: int, max_new_tokens: int, log_dir: Path) -> dict[str, Any]:
             v["storage_hit_tokens"] = sum(val for name, _, val in metrics
                                           if name == "sglang:storage_prefetch_hit_tokens_total")
             v["lifeboat_hits"] = sum(val for name, _, val in metrics if name == "lifeboat_hits_total")
+            v["unfulfilled"] = {lab.get("reason", name): val for name, lab, val in metrics
+                                if "prefetch_unfulfilled" in name and val > 0}
         visits.append(v)
         print(f"visit {n}: time to first token {v['ttft_s'] * 1000:,.0f} ms, cached tokens {v['cached'] or 0}"
               + (f", {v['pages_written']:.0f} pages written to the store, then SIGTERM" if n == 1 else ""))
@@ -98,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     out = run(args.copies, args.max_new_tokens, log_dir)
     ok = out["identical"] and out["storage_tokens"] > 0
     if not ok:
-        print("FAILED: the restarted server did not restore the prompt from the store with the same answer")
+        print("FAILED: the restarted server did not restore the prompt from the store with the same answer; "
+              f"SGLang's unfulfilled prefetch tokens by reason: {out['warm']['unfulfilled'] or 'none'} "
+              "(a `timeout` means the machine was too busy for SGLang's prefetch deadline)")
     return 0 if ok else 1
 
 
