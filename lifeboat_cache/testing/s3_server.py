@@ -62,7 +62,7 @@ def _answers_http(url: str) -> bool:
         return False
 
 
-def _detach_and_die_with_parent() -> None:
+def detach_and_die_with_parent() -> None:
     """Child pre-exec: own session (a Ctrl-C to pytest does not race our shutdown), and on Linux
     SIGTERM when pytest dies, so a killed test run never leaves a server behind."""
     os.setsid()
@@ -118,7 +118,7 @@ class MotoS3Server:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
-                preexec_fn=_detach_and_die_with_parent,
+                preexec_fn=detach_and_die_with_parent,
             )
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

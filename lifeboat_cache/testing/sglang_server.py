@@ -27,17 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from .s3_server import _detach_and_die_with_parent, free_loopback_port
+from ..integrations.sglang_launch_rules import BACKEND_EXTRA_CONFIG
+from .s3_server import detach_and_die_with_parent, free_loopback_port
 
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
-LIFEBOAT_BACKEND = {
-    "backend_name": "lifeboat",
-    "module_path": "lifeboat_cache.integrations.sglang_backend",
-    "class_name": "LifeboatHiCacheStorage",
-    "interface_v1": 1,
-}
 #: SGLang's `file` backend reads its directory from this variable first.
 FILE_BACKEND_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 START_TIMEOUT_S = 300.0
@@ -68,7 +63,7 @@ def hicache_flags(backend: str, extra_config: Optional[Mapping[str, Any]] = None
     """`--enable-hierarchical-cache` with `backend` (`lifeboat`: the `dynamic` launch of docs/sglang.md)."""
     flags = ["--enable-hierarchical-cache", "--hicache-size", str(host_gb)]
     if backend == "lifeboat":
-        config = {**LIFEBOAT_BACKEND, **(extra_config or {})}
+        config = {**BACKEND_EXTRA_CONFIG, **(extra_config or {})}
         return flags + ["--hicache-storage-backend", "dynamic",
                         "--hicache-storage-backend-extra-config", json.dumps(config)]
     flags += ["--hicache-storage-backend", backend]
@@ -141,7 +136,7 @@ class SGLangServer:
             out.flush()
             self.started_s = time.monotonic()
             self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                         preexec_fn=_detach_and_die_with_parent)
+                                         preexec_fn=detach_and_die_with_parent)
         try:
             self.wait_ready(timeout)
         except BaseException:

@@ -13,7 +13,8 @@ What is done with each block, by its info string:
   - ``lifeboat ...``: **executed** (``python -m lifeboat_cache.cli``) in an empty directory with a fresh
     ``XDG_CACHE_HOME`` (the embedded default store), and must exit 0; ``--help`` of it too;
   - ``python -m sglang.launch_server ...``: the arguments are parsed by SGLang 0.5.23's own argument
-    parser (``ServerArgs.add_cli_args``); it is not launched (that needs a GPU or a Mac);
+    parser (``ServerArgs.add_cli_args``); it is not launched here (tests/e2e/test_sglang_server.py
+    launches real CPU servers);
   - ``pip install ...``: ``-r`` / ``-c`` files must exist in the repository and parse as pinned
     requirements, ``-e .`` needs pyproject.toml, every requirement must parse (PEP 508) and every
     ``lifeboat-cache[extra]`` must be an extra of pyproject.toml; nothing is installed;
