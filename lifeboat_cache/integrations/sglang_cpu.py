@@ -1,7 +1,8 @@
 """SGLang's CPU server (`--device cpu`) with HiCache and LifeboatCache: four gaps of 0.5.23, closed by hooks.
 
 Why: a stock SGLang 0.5.23 server with `--device cpu` (no `SGLANG_USE_CPU_ENGINE`, whose `sgl_kernel`
-CPU build is not on PyPI) cannot run HiCache at all, with any storage backend:
+CPU build is not on PyPI) cannot run HiCache at all, with any storage backend (1-3), and once it can,
+a restored prefix barely saves time (4):
 
 1. Host pools are always pinned (`pool_host/mha.py:143` defaults `pin_memory=True`, the pool assembler
    never passes it), which reaches `torch.cuda.cudart()` ("Found no NVIDIA driver"). The pool then
@@ -13,7 +14,6 @@ CPU build is not on PyPI) cannot run HiCache at all, with any storage backend:
 3. `RotaryEmbedding.__init__` (`layers/rotary_embedding/base.py:122-140`) imports
    `vllm._custom_ops.rotary_embedding` on a host that is neither CUDA nor the CPU engine. It is only
    stored, for `forward_cuda`; the CPU server runs `forward_native`.
-
 4. The torch_native attention's extend (`layers/attention/torch_native_backend.py:128`) attends with
    every row of the sequence, the cached prefix's too (filled by `torch.empty`, then discarded). So
    a prefix restored from storage saved only the MLPs: the attention of the whole prompt was paid
@@ -25,9 +25,9 @@ CPU build is not on PyPI) cannot run HiCache at all, with any storage backend:
 Each fix is a `HookRegistry` hook (or, for the missing op, a module global that did not exist) and
 applies only in scheduler processes of a launch that turns HiCache on, on a host where torch sees no
 CUDA device: with any storage backend, so that SGLang's own `file` backend can be compared with
-LifeboatCache on the same CPU server (`lifeboat bench --only server`). Upstream fixes would be a torch else-branch at `mha.py:60`,
-`pin_memory=torch.cuda.is_available()` in the assembler, the native rope at `base.py:138`, and
-attention over the extend rows only (or `torch.zeros`) at `torch_native_backend.py:128`.
+LifeboatCache on the same CPU server (`lifeboat bench --only server`). Upstream fixes would be a torch
+else-branch at `mha.py:60`, `pin_memory=torch.cuda.is_available()` in the assembler, the native rope at
+`base.py:138`, and attention over the new rows only at `torch_native_backend.py:128`.
 """
 
 from __future__ import annotations
@@ -70,9 +70,15 @@ def register(uses_hicache: Callable[[], bool]) -> None:
         with _unused_vllm_rope():
             return original(*args, **kwargs)
 
+    decided: dict[str, Any] = {}  # per process, at the first extend (the launch is published by then)
+
     def extend(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if applies(uses_hicache):
-            call = _bind(original, args, kwargs)
+        if "on" not in decided:
+            decided["on"], decided["signature"] = applies(uses_hicache), inspect.signature(original)
+        if decided["on"]:
+            bound = decided["signature"].bind(*args, **kwargs)
+            bound.apply_defaults()
+            call = bound.arguments
             if _rows_only_applies(call):
                 return attend_new_rows(**{name: call[name] for name in _ROWS_ARGS})
         return original(*args, **kwargs)
@@ -111,12 +117,6 @@ def transfer_kv_direct(
 
 _ROWS_ARGS = ("query", "output", "k_cache", "v_cache", "req_to_token", "req_pool_indices", "seq_lens",
               "extend_prefix_lens", "extend_seq_lens", "scaling", "enable_gqa")
-
-
-def _bind(original: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    bound = inspect.signature(original).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
 
 
 def _rows_only_applies(call: dict[str, Any]) -> bool:
