@@ -156,6 +156,7 @@ class LaunchFacts:
     ranks_per_host: int = 1
     mem_layout: str = "page_first"  # the resolved --hicache-mem-layout (SGLang 0.5.23's default: page_first)
     io_backend: str = "kernel"  # --hicache-io-backend
+    prefetch_policy: str = "timeout"  # --hicache-storage-prefetch-policy (SGLang 0.5.23's default: timeout)
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,22 @@ def cpu_layout_decision(facts: LaunchFacts) -> Decision:
         f"--hicache-mem-layout {facts.mem_layout} --hicache-io-backend {facts.io_backend} cannot run on a CPU "
         f"launch ({why}): use --hicache-mem-layout layer_first --hicache-io-backend direct, or leave both unset"
     )
+
+
+def cpu_prefetch_decision(facts: LaunchFacts) -> Decision:
+    """On a CPU launch: wait_complete instead of SGLang's default timeout policy.
+
+    The timeout policy gives a prefetch 1 s + 0.25 s per 1K tokens. On a CPU server SGLang's prefetch
+    threads share the cores with the model, and under load the deadline passed before the read was
+    even issued (measured: `batch_exists 46 keys -> 46`, no `batch_get_v1`, the prompt recomputed).
+    wait_complete waits for the prefetch, which LifeboatCache bounds by `deadline_s` per call.
+    """
+    if facts.prefetch_policy != "timeout":
+        return Decision("storage prefetch policy", facts.prefetch_policy, "the launch gave it")
+    return Decision("storage prefetch policy", "wait_complete",
+                    "CPU launch: the model shares the cores with SGLang's prefetch threads, and the timeout "
+                    "policy's 1 s + 0.25 s per 1K tokens expired under load before the pages were read; each "
+                    "LifeboatCache call returns by deadline_s", {"hicache_storage_prefetch_policy": "wait_complete"})
 
 
 def uses_lifeboat_backend(facts: LaunchFacts) -> bool:
@@ -401,8 +418,10 @@ def plan_launch_tuning(
     else:
         decisions.append(Decision("write policy", facts.write_policy, "the launch's policy"))
 
-    decisions.append(cpu_layout_decision(facts) if is_cpu_launch(facts) else
-                     layout_decision(facts.mem_layout, facts.io_backend))
+    if is_cpu_launch(facts):
+        decisions += [cpu_layout_decision(facts), cpu_prefetch_decision(facts)]
+    else:
+        decisions.append(layout_decision(facts.mem_layout, facts.io_backend))
 
     # Zero-copy (the backend reads the variable; validated here so a typo stops the launch).
     decisions.append(

@@ -121,6 +121,7 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
         ranks_per_host=rules.ranks_on_host(cfg.tp_size, cfg.pp_size, cfg.dp_size, cfg.nnodes),
         mem_layout=str(cfg.hicache_mem_layout),
         io_backend=str(cfg.hicache_io_backend),
+        prefetch_policy=str(cfg.hicache_storage_prefetch_policy),
     )
     plan = rules.plan_launch_tuning(facts, env, gpu_memory_bytes=lambda: gpu_memory_bytes(cfg.base_gpu_id))
     for warning in plan.warnings:

@@ -715,3 +715,10 @@ def test_a_hung_store_directory_does_not_hang_the_launch(tmp_path: Path, monkeyp
         assert sglang_preflight.probe_writable(tmp_path / "x", timeout=0.2) is None
     finally:
         frozen.set()
+
+
+def test_cpu_launch_waits_for_prefetches_unless_the_launch_chose_a_policy(tiny_model: str) -> None:
+    assert view(resolve(tiny_model, device="cpu", **LIFEBOAT)).hicache_storage_prefetch_policy == "wait_complete"
+    chosen = resolve(tiny_model, device="cpu", hicache_storage_prefetch_policy="best_effort", **LIFEBOAT)
+    assert view(chosen).hicache_storage_prefetch_policy == "best_effort"
+    assert view(resolve(tiny_model, **LIFEBOAT)).hicache_storage_prefetch_policy == "timeout"  # CUDA: SGLang's
