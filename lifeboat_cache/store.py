@@ -6,7 +6,10 @@ from SGLang is processed in parallel (zstd and file I/O release the GIL). Storag
 raises out of put / get_into / count_leading_hits: it is a miss or a dropped write, counted by cause, logged
 once per cooldown, and the failing tier is skipped for a cooldown that doubles while it keeps
 failing. A record is verified (header, identity, payload checksum) before its bytes are trusted;
-one that fails is dropped from the index and quarantined.
+one that fails is dropped from the index and quarantined. Records are built and opened by the
+store's `Sealer` (sealing.py): sealed with AES-256-GCM when `encryption:` is on, plaintext otherwise;
+a record it will not serve (plaintext where sealed ones are required, a key it does not hold, a tag
+that does not verify) is a miss counted under its own reason.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -27,6 +30,7 @@ from .copier import COPY_BATCH_BYTES, DEFAULT_COPY_WORKERS, Copier
 from .io_workers import Gate, IoWorkers
 from .keys import DigestCache
 from .metrics import Counters
+from .sealing import OPENABLE_REASONS, UNKNOWN_KEY, UNSEALED, Sealer, key_id_text, sealer_for
 from .tiers import Ref, Tier, open_tier
 from .tiers.base import Auditing, Probing, RecordRuns
 from .tracing import trace_store
@@ -105,10 +109,12 @@ def compresses(ts: TierSettings, engine_compression: str) -> bool:
 class ChunkStore:
     """Pages in, pages out, under (namespace, key). See docs/architecture.md for the contract."""
 
-    def __init__(self, settings: Settings, tiers: Sequence[Tier]) -> None:
+    def __init__(self, settings: Settings, tiers: Sequence[Tier], sealer: Sealer | None = None) -> None:
         if not tiers:
             raise ValueError("a ChunkStore needs at least one tier")
         self.settings = settings
+        # builds and opens every record (sealed when `encryption:` is on): the one place that decides
+        self.sealer = sealer if sealer is not None else sealer_for(settings.encryption, settings.key_namespace)
         self.tiers = list(tiers)
         eng = settings.engine
         # per tier: store compressed or raw (see compresses); put encodes for the first tier, and
@@ -139,7 +145,7 @@ class ChunkStore:
 
     def _recode(self, level: int, record: bytes) -> bytes | memoryview:
         """The record as tier `level` stores it: compressed there when its rule says so."""
-        return codec.compressed_record(record) if self.tier_compress[level] else record
+        return self.sealer.recode(record, self.tier_compress[level])
 
     def _tier_settings(self) -> list[TierSettings]:
         given = list(self.settings.storage)
@@ -161,6 +167,7 @@ class ChunkStore:
         but nothing is evicted (`verify --fix`). Only `gc` and serving processes evict.
         """
         settings = settings or load_settings()
+        sealer = sealer_for(settings.encryption, settings.key_namespace)  # key file trouble: before any tier
         tiers: list[Tier] = []
         try:
             for ts in settings.storage:
@@ -171,7 +178,7 @@ class ChunkStore:
             for t in tiers:
                 t.close()
             raise
-        store = cls(settings, tiers)
+        store = cls(settings, tiers, sealer)
         log.info("lifeboat: store open (%s): %s", settings.source, ", ".join(t.name for t in tiers))
         return store
 
@@ -271,7 +278,7 @@ class ChunkStore:
                 return False
             pieces, itemsize, dt = views[i]
             try:
-                header, parts, length = codec.build_record(
+                header, parts, length = self.sealer.build(
                     pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize, dtype=dt, digest=ds[i],
                     namespace=ns, compress=self.compress)
                 if redirect:  # not stored yet, so False; the copier writes it to the lower tiers
@@ -307,8 +314,8 @@ class ChunkStore:
                 own: bool) -> tuple[bytes, list[object], int]:
         """One page's record (header, payload parts, length); owned parts never view the caller's page."""
         pieces, itemsize, dt = view
-        header, parts, length = codec.build_record(pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize,
-                                                   dtype=dt, digest=digest, namespace=ns, compress=self.compress)
+        header, parts, length = self.sealer.build(pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize,
+                                                  dtype=dt, digest=digest, namespace=ns, compress=self.compress)
         return header, _owned(parts) if own else parts, length
 
     def _put_runs(self, tier: Tier, cd: Cooldown, ns: bytes, ds: Sequence[bytes], ik: np.ndarray,
@@ -369,7 +376,7 @@ class ChunkStore:
                 return False
             try:
                 pieces, itemsize, dt = views[i]
-                header, parts, length = codec.build_record(
+                header, parts, length = self.sealer.build(
                     pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize, dtype=dt, digest=ds[i],
                     namespace=ns, compress=self.compress)
                 recs[i] = (header, _owned(parts), length, sum(p.nbytes for p in pieces))
@@ -516,7 +523,7 @@ class ChunkStore:
     def _fits(self, ref: Ref, n: int) -> bool:
         """Whether a stored record can be that of an n-byte page: none stores more than its raw page (a
         larger one is foreign or crafted: read nothing, allocate nothing)."""
-        if HEADER_SIZE <= ref.length <= HEADER_SIZE + n:
+        if HEADER_SIZE <= ref.length <= HEADER_SIZE + n + codec.SEAL_OVERHEAD:
             return True
         self.counters.add("miss_size")
         return False
@@ -540,11 +547,15 @@ class ChunkStore:
             if h.raw_len != n:
                 raise RecordError("size", f"stored page is {h.raw_len} bytes, buffer is {n}")
             codec.verify_record(h, payload, digest=digest, namespace=ns)
-            if not direct:
-                codec.decode_into(h.codec, payload, dst, codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]])
+            if direct:  # a plaintext record read straight into dst: served only if plaintext may be
+                self.sealer.admit(h)
+            else:
+                self.sealer.decode_into(h, payload, dst)
         except RecordError as e:
             self.counters.add(f"miss_{e.reason}")
-            if e.reason not in ("foreign", "size"):  # intact records of other keys are left alone
+            # intact records of other keys, and ones another process may open (a key this one does not
+            # hold, plaintext while sealed ones are required: gc drops those), are left alone
+            if e.reason not in ("foreign", "size", *OPENABLE_REASONS):
                 tier.forget(ikey, ref, e.reason)
                 self.counters.add("quarantined")
                 log.warning("lifeboat: dropped a bad record on %s (%s)", tier.name, e)
@@ -618,9 +629,9 @@ class ChunkStore:
         if direct:
             return b"".join([bytes(bufs[0]), *(p.tobytes() for p in dst)]) if want_record else bufs[0]
         if want_record and not self.compress:  # promoted to a first tier that stores raw: store it raw
-            header, parts, _ = codec.build_record(dst if len(dst) > 1 else dst[0],
-                                                  itemsize=codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]],
-                                                  dtype=h.dtype, digest=digest, namespace=ns, compress=False)
+            header, parts, _ = self.sealer.build(dst if len(dst) > 1 else dst[0],
+                                                 itemsize=codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]],
+                                                 dtype=h.dtype, digest=digest, namespace=ns, compress=False)
             return b"".join([header, *parts])  # type: ignore[list-item]
         return bufs[0]
 
@@ -778,7 +789,7 @@ class ChunkStore:
                     ok = tier.read_into(ref, [memoryview(rec)])
                     if not ok:
                         raise RecordError("truncated", "record shorter than indexed")
-                    h = codec.verify_record(rec, memoryview(rec)[HEADER_SIZE:])
+                    h = self.sealer.check(rec)  # checksums, then: may it be served, does it open
                     if int.from_bytes(h.digest[:8], "little", signed=True) != ikey:
                         raise RecordError("foreign", "index key does not match the header's digest")
                     if h.record_len != ref.length:
@@ -786,7 +797,7 @@ class ChunkStore:
                 except (RecordError, OSError) as e:
                     where = tier.loc_name(ref)
                     problems.append(f"{tier.name}: {where}: {e}")
-                    if fix and isinstance(e, RecordError):
+                    if fix and isinstance(e, RecordError) and e.reason not in OPENABLE_REASONS:
                         tier.forget(ikey, ref, getattr(e, "reason", "verify"))
                         self.counters.add("quarantined")
                 if progress is not None:
@@ -797,6 +808,61 @@ class ChunkStore:
 
     def gc(self) -> int:
         return sum(t.gc() for t in self.tiers)
+
+    def _headers(self, tier: Tier) -> Iterator[tuple[int, Ref, codec.Header | None]]:
+        """(index key, place, parsed header or None when unreadable) of every indexed record of a tier:
+        64 bytes read per record, for `stats` per key id and `drop_unreadable`."""
+        for ikey, ref in list(tier.records()):
+            buf = bytearray(HEADER_SIZE)
+            try:
+                ok = ref.length >= HEADER_SIZE and tier.read_into(
+                    Ref(ref.part, type(ref.loc)(ref.loc.unit, ref.loc.offset, HEADER_SIZE)), [memoryview(buf)])
+                yield ikey, ref, codec.unpack_header(buf) if ok else None
+            except (OSError, RecordError):
+                yield ikey, ref, None
+
+    def pages_by_key_id(self) -> list[dict[str, int]]:
+        """Per tier: indexed pages per sealing key id (hex), plaintext ones under "plaintext" (`lifeboat
+        stats` with encryption on). Reads each record's header; changes nothing."""
+        out = []
+        for tier in self.tiers:
+            counts: dict[str, int] = {}
+            for _, _, h in self._headers(tier):
+                name = "unreadable" if h is None else key_id_text(h.key_id) if h.sealed else "plaintext"
+                counts[name] = counts.get(name, 0) + 1
+            out.append(dict(sorted(counts.items())))
+        return out
+
+    def drop_unreadable(self) -> int:
+        """Drop (quarantine) every record none of the configured keys opens: sealed with a key no
+        longer configured (rotated out, shredded), or plaintext while sealed records are required.
+        Their bytes leave at this gc's compaction. Only with encryption on and
+        `encryption.gc_drops_unreadable` (the config must list every key in use in the store).
+        Returns the number of records dropped."""
+        enc = self.settings.encryption
+        if not self.sealer.active or not enc.gc_drops_unreadable:
+            return 0
+        every = self.sealer.keyring.every  # type: ignore[union-attr]
+        plain_ok = not self.sealer.require_sealed
+        dropped = self.drop_records(lambda h: (UNKNOWN_KEY if h.sealed and h.key_id not in every else
+                                               None if h.sealed or plain_ok else UNSEALED))
+        if dropped:
+            self.counters.add("gc_dropped_unreadable", dropped)
+            log.warning("lifeboat: gc dropped %d record(s) no configured key opens", dropped)
+        return dropped
+
+    def drop_records(self, why: Callable[[codec.Header], str | None]) -> int:
+        """Drop (quarantine: never served or rediscovered; bytes removed by gc) every indexed record
+        whose header `why` gives a reason for. `lifeboat purge --key-id` (crypto-shredding) and gc use
+        it. Returns the number dropped."""
+        dropped = 0
+        for tier in self.tiers:
+            for ikey, ref, h in self._headers(tier):
+                reason = None if h is None else why(h)
+                if reason is not None:
+                    tier.forget(ikey, ref, reason)
+                    dropped += 1
+        return dropped
 
     def flush(self) -> None:
         """Write out what is buffered: queued background copies first, then each tier."""
