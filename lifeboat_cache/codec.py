@@ -488,18 +488,26 @@ def build_record(page: np.ndarray | Sequence[np.ndarray], *, itemsize: int, dtyp
     Raises ValueError when a piece is not a flat C-contiguous uint8 array or itemsize does not
     divide it, struct.error when a field does not fit the header (a page over 4 GiB).
     """
+    codec, parts, raw_len, stored = encode_page(page, itemsize, compress)
+    h = Header(codec, dtype, raw_len, stored, digest, namespace, payload_crc(parts))
+    return pack_header(h), parts, HEADER_SIZE + stored
+
+
+def encode_page(page: np.ndarray | Sequence[np.ndarray], itemsize: int,
+                compress: bool) -> tuple[int, list[object], int, int]:
+    """build_record's encoding step without the header: (codec, payload parts, raw length, stored
+    length). sealing.py seals these parts (no checksum of the plaintext is needed there)."""
     pieces = [page] if isinstance(page, np.ndarray) else list(page)
     if len(pieces) > 1 and compress:
         pieces = [np.concatenate(pieces)]
     raw_len = sum(p.nbytes for p in pieces)
     codec, parts = encode(pieces[0], itemsize, compress) if len(pieces) == 1 else (RAW, pieces)
     stored = raw_len if codec == RAW else sum(memoryview(p).nbytes for p in parts)  # type: ignore[arg-type]
-    h = Header(codec, dtype, raw_len, stored, digest, namespace, payload_crc(parts))
-    return pack_header(h), parts, HEADER_SIZE + stored
+    return codec, parts, raw_len, stored
 
 
 def check_record(header: Header, payload: memoryview | Sequence[memoryview], digest: bytes,
-                 namespace: bytes) -> None:
+                 namespace: bytes, *, checksum: bool = True) -> None:
     """Check identity and payload checksum; raises RecordError with the failing part as reason.
 
     `payload` is the stored payload, or its parts in order (a raw record read into a
@@ -513,7 +521,7 @@ def check_record(header: Header, payload: memoryview | Sequence[memoryview], dig
         raise RecordError("foreign", "namespace mismatch")
     if sum(memoryview(p).nbytes for p in parts) != header.stored_len:
         raise RecordError("truncated", "payload shorter than the header says")
-    if payload_crc(parts, header.version) != header.payload_crc:
+    if checksum and payload_crc(parts, header.version) != header.payload_crc:
         raise RecordError("checksum", "payload checksum mismatch")
 
 
@@ -540,15 +548,16 @@ def compressed_record(record: bytes | memoryview) -> bytes | memoryview:
 
 
 def verify_record(header: bytes | memoryview | Header, payload: memoryview | Sequence[memoryview], *,
-                  digest: bytes | None = None, namespace: bytes | None = None) -> Header:
+                  digest: bytes | None = None, namespace: bytes | None = None, checksum: bool = True) -> Header:
     """The one record check (reads, recovery scans, `verify`): header, identity when given, payload.
 
     `header` is the record's header bytes (or a Header the caller already parsed from them).
     Returns the parsed header; raises RecordError naming the failing part (see unpack_header and
     check_record for the reasons). A scan passes no digest/namespace (it learns them from the
-    record); a read passes the ones it asked for.
+    record); a read passes the ones it asked for. `checksum=False` skips the payload checksum: only
+    for a sealed record that is opened next (its tag covers every byte the checksum does).
     """
     h = header if isinstance(header, Header) else unpack_header(header)
     check_record(h, payload, h.digest if digest is None else digest,
-                 h.namespace if namespace is None else namespace)
+                 h.namespace if namespace is None else namespace, checksum=checksum)
     return h

@@ -7,6 +7,10 @@ longer than `stuck_s` (the deadline), up to `max_workers` (a bound, so a long ha
 threads without end); extra threads exit after `IDLE_EXIT_S` idle. A big batch on healthy tiers
 never grows the pool. Threads that outlive their call's deadline are counted (`io_overdue`).
 
+`TaskArena` gives each io thread byte buffers it reuses from task to task (sealed records built for
+a write, records read into private buffers): a fresh multi-MiB buffer per page costs its page faults
+every time (measured: AES-GCM into fresh 768 KiB buffers 2.1-2.5 GB/s per core, into reused ones 6.8).
+
 `Gate` protects the caller's buffers: SGLang reuses a page buffer as soon as a call returns with a
 miss, so a task that finishes after the deadline must not write into it (reads), nor read from it
 (writes). Each page passes the gate before touching caller memory; at the deadline the caller closes
@@ -22,6 +26,8 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from .cooldown import LogOnce
 from .metrics import Counters
@@ -70,6 +76,38 @@ class Gate:
     def inside(self) -> list[int]:
         with self._lock:
             return [i for i, s in enumerate(self._state) if s == _INSIDE]
+
+
+class TaskArena:
+    """Per-thread byte buffers reused across one thread's tasks: `reset()` when a task starts, then
+    `take(n)` slices. Invariant: a slice never outlives the task that took it (it is written out, or
+    read and decoded, before the task returns; anything kept longer is copied, as the copier does).
+    """
+
+    ALIGN = 64
+    MIN_BYTES = 1 << 20
+    MAX_BYTES = 64 << 20  # kept per thread at most; a task that needs more gets one-off buffers past it
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def reset(self) -> None:
+        self._local.pos = 0
+
+    def take(self, n: int) -> np.ndarray:
+        """n bytes (uint8, uninitialised) of this thread's arena (a one-off buffer once it is full)."""
+        buf: np.ndarray | None = getattr(self._local, "buf", None)
+        pos = getattr(self._local, "pos", 0)
+        if buf is None or pos + n > buf.nbytes:
+            size = max(self.MIN_BYTES, 2 * buf.nbytes if buf is not None else 0, pos + n)
+            if size > self.MAX_BYTES:
+                return np.empty(n, dtype=np.uint8)
+            new = np.empty(size, dtype=np.uint8)  # slices of the old one stay valid: they hold it
+            if buf is not None and pos:
+                pos = 0  # the old arena's slices are still in use by this task: start the new one fresh
+            self._local.buf = buf = new
+        self._local.pos = pos + -(-n // self.ALIGN) * self.ALIGN
+        return buf[pos: pos + n]
 
 
 class IoWorkers:

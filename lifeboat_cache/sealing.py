@@ -40,7 +40,7 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -244,25 +244,25 @@ class Sealer:
 
     # ------------------------------------------------------------------ writing
     def build(self, page: np.ndarray | Sequence[np.ndarray], *, itemsize: int, dtype: int, digest: bytes,
-              namespace: bytes, compress: bool) -> tuple[bytes, list[object], int]:
+              namespace: bytes, compress: bool,
+              alloc: Callable[[int], np.ndarray] | None = None) -> tuple[bytes, list[object], int]:
         """One page's record: (header bytes, payload parts, record length), as codec.build_record,
-        sealed when a key is configured (compressed first, then sealed: one new buffer per page).
-
-        Raises as codec.build_record does.
+        sealed when a key is configured (compressed first, then sealed into one buffer of `alloc(n)`,
+        default a new one; the store passes its io thread's arena). A sealed record's parts never
+        view the page. Raises as codec.build_record does.
         """
-        header, parts, length = codec.build_record(page, itemsize=itemsize, dtype=dtype, digest=digest,
-                                                   namespace=namespace, compress=compress)
         if self.keyring is None:
-            return header, parts, length
-        return self._seal(codec.unpack_header(header), parts)
+            return codec.build_record(page, itemsize=itemsize, dtype=dtype, digest=digest, namespace=namespace,
+                                      compress=compress)
+        c, parts, raw_len, inner = codec.encode_page(page, itemsize, compress)
+        key = self.keyring.sealing
+        h = Header(c, dtype, raw_len, inner + SEAL_OVERHEAD, digest, namespace, 0, 0, codec.SEALED_VERSION, key.id)
+        return self._seal(h, key, parts, alloc)
 
-    def _seal(self, plain: Header, parts: Sequence[object]) -> tuple[bytes, list[object], int]:
-        """Seal a plaintext record's payload parts under the sealing key (a new record)."""
-        key = self.keyring.sealing  # type: ignore[union-attr]
-        inner = plain.stored_len
-        h = Header(plain.codec, plain.dtype, plain.raw_len, inner + SEAL_OVERHEAD, plain.digest, plain.namespace,
-                   0, plain.flags, codec.SEALED_VERSION, key.id)
-        out = np.empty(inner + SEAL_OVERHEAD, dtype=np.uint8)
+    def _seal(self, h: Header, key: Key, parts: Sequence[object],
+              alloc: Callable[[int], np.ndarray] | None = None) -> tuple[bytes, list[object], int]:
+        """Seal payload parts under key as the record h describes (its checksum still to fill in)."""
+        out = np.empty(h.stored_len, dtype=np.uint8) if alloc is None else alloc(h.stored_len)
         nonce = self.nonces.next()
         out[:NONCE_BYTES] = np.frombuffer(nonce, np.uint8)
         data = parts[0] if len(parts) == 1 else np.concatenate([codec.as_bytes_view(p) for p in parts])

@@ -27,7 +27,7 @@ from .codec import HEADER_SIZE, RecordError
 from .config import Settings, TierSettings, load_settings
 from .cooldown import Cooldown  # noqa: F401  (re-exported: `store.Cooldown` stays importable)
 from .copier import COPY_BATCH_BYTES, DEFAULT_COPY_WORKERS, Copier
-from .io_workers import Gate, IoWorkers
+from .io_workers import Gate, IoWorkers, TaskArena
 from .keys import DigestCache
 from .metrics import Counters
 from .sealing import OPENABLE_REASONS, UNKNOWN_KEY, UNSEALED, Sealer, key_id_text, sealer_for
@@ -132,6 +132,7 @@ class ChunkStore:
         self._probe_lock = threading.Lock()
         self._pool = IoWorkers(eng.io_workers, max_workers=eng.io_workers * IO_THREADS_PER_WORKER,
                                counters=self.counters, stuck_s=eng.deadline_s)
+        self._arena = TaskArena()  # per io thread: sealed records being written, records read privately
         self._closed = False
         # the drive-choice rule of the first multi-drive tier: a dialog's first N pages pick its drive
         self.affinity_chunks = next((ts.affinity_chunks for ts in settings.storage if len(ts.paths) > 1), 1)
@@ -312,11 +313,14 @@ class ChunkStore:
 
     def _encode(self, ns: bytes, digest: bytes, view: tuple[list[np.ndarray], int, int],
                 own: bool) -> tuple[bytes, list[object], int]:
-        """One page's record (header, payload parts, length); owned parts never view the caller's page."""
+        """One page's record (header, payload parts, length); owned parts never view the caller's page.
+        A sealed record is built in this io thread's arena (it is written before the task ends)."""
         pieces, itemsize, dt = view
+        sealed = self.sealer.active
         header, parts, length = self.sealer.build(pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize,
-                                                  dtype=dt, digest=digest, namespace=ns, compress=self.compress)
-        return header, _owned(parts) if own else parts, length
+                                                  dtype=dt, digest=digest, namespace=ns, compress=self.compress,
+                                                  alloc=self._arena.take if sealed else None)
+        return header, _owned(parts) if own and not sealed else parts, length
 
     def _put_runs(self, tier: Tier, cd: Cooldown, ns: bytes, ds: Sequence[bytes], ik: np.ndarray,
                   views: list, todo: list[int], results: list[bool], affinity: int, t_end: float) -> None:
@@ -331,6 +335,7 @@ class ChunkStore:
         def write(c: int) -> int:
             if not gate.enter(c):
                 return 0
+            self._arena.reset()  # this thread's previous task is done with its slices
             try:
                 recs = [(int(ik[i]), ds[i], *self._encode(ns, ds[i], views[i], own)) for i in runs[c]]
                 if own:
@@ -485,9 +490,11 @@ class ChunkStore:
                 return res
             if gate.closed:
                 return [_LATE] * len(res)  # the call has returned: no more I/O for it
-            # into the caller's page when raw, as in _read_record; a shared tier reads privately first
-            plan = [self._read_bufs(refs[i], views[i][0], sizes[i], private=tier.shared)  # type: ignore[arg-type]
-                    for i in group]
+            # into the caller's page when raw, as in _read_record; a shared tier reads privately first,
+            # into this io thread's arena (verified and decoded before this task returns)
+            self._arena.reset()
+            plan = [self._read_bufs(refs[i], views[i][0], sizes[i], private=tier.shared,  # type: ignore[arg-type]
+                                    alloc=self._arena.take) for i in group]
             early = not tier.shared
             if early and not gate.enter(c):
                 return [_LATE] * len(res)
@@ -529,12 +536,14 @@ class ChunkStore:
         return False
 
     @staticmethod
-    def _read_bufs(ref: Ref, dst: list[np.ndarray], n: int, private: bool) -> tuple[list[memoryview], bool]:
+    def _read_bufs(ref: Ref, dst: list[np.ndarray], n: int, private: bool,
+                   alloc: Callable[[int], np.ndarray] | None = None) -> tuple[list[memoryview], bool]:
         """(buffers to read a record into, direct): a raw record straight into the page's pieces (n
-        bytes) after a header buffer (no extra copy), anything else (or `private`) into its own buffer."""
+        bytes) after a header buffer (no extra copy), anything else (or `private`) into its own buffer
+        (`alloc(n)`, default a new one; no zero-fill pass)."""
         if not private and ref.length == HEADER_SIZE + n:
             return [memoryview(bytearray(HEADER_SIZE)), *(memoryview(p) for p in dst)], True
-        return [memoryview(np.empty(ref.length, dtype=np.uint8))], False  # no zero-fill pass
+        return [memoryview(np.empty(ref.length, dtype=np.uint8) if alloc is None else alloc(ref.length))], False
 
     def _verified(self, tier: Tier, ref: Ref, ns: bytes, ikey: int, digest: bytes, bufs: list[memoryview],
                   dst: list[np.ndarray], n: int, direct: bool) -> codec.Header | None:
@@ -546,7 +555,8 @@ class ChunkStore:
             payload = bufs[1:] if direct else bufs[0][HEADER_SIZE:]
             if h.raw_len != n:
                 raise RecordError("size", f"stored page is {h.raw_len} bytes, buffer is {n}")
-            codec.verify_record(h, payload, digest=digest, namespace=ns)
+            # a sealed record's tag (checked when it is opened) covers every byte the checksum would
+            codec.verify_record(h, payload, digest=digest, namespace=ns, checksum=not h.sealed)
             if direct:  # a plaintext record read straight into dst: served only if plaintext may be
                 self.sealer.admit(h)
             else:
