@@ -136,7 +136,15 @@ def _aead_class() -> Any:
 class Key:
     id: int
     path: Path
-    aead: Any  # cryptography's AESGCM
+    aead: Any  # cryptography's AESGCM (one-shot seal / open)
+    raw: bytes = b""  # the key bytes, for the streaming GCM of pages made of many blocks
+
+
+def _gcm(key: Key, nonce: bytes, tag: bytes | None = None) -> Any:
+    """A streaming AES-256-GCM cipher of key (cryptography's Cipher API: seals / opens block by block)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    return Cipher(algorithms.AES(key.raw), modes.GCM(nonce, tag))
 
 
 def _load(paths: Sequence[Path], cache: dict[Path, Key]) -> list[Key]:
@@ -144,7 +152,7 @@ def _load(paths: Sequence[Path], cache: dict[Path, Key]) -> list[Key]:
     for p in paths:
         if p not in cache:
             raw = read_key_file(p)
-            cache[p] = Key(key_id(raw), p, _aead_class()(raw))
+            cache[p] = Key(key_id(raw), p, _aead_class()(raw), raw)
         out.append(cache[p])
     return out
 
@@ -265,8 +273,17 @@ class Sealer:
         out = np.empty(h.stored_len, dtype=np.uint8) if alloc is None else alloc(h.stored_len)
         nonce = self.nonces.next()
         out[:NONCE_BYTES] = np.frombuffer(nonce, np.uint8)
-        data = parts[0] if len(parts) == 1 else np.concatenate([codec.as_bytes_view(p) for p in parts])
-        key.aead.encrypt_into(nonce, data, codec.aad(h), out[NONCE_BYTES:])
+        if len(parts) == 1:
+            key.aead.encrypt_into(nonce, parts[0], codec.aad(h), out[NONCE_BYTES:])
+        else:  # a page of many blocks (SGLang layer_first): streamed block by block, no gather copy
+            enc = _gcm(key, nonce).encryptor()
+            enc.authenticate_additional_data(codec.aad(h))
+            pos = NONCE_BYTES
+            for p in parts:
+                view = codec.as_bytes_view(p)
+                pos += enc.update_into(view, out[pos: pos + view.nbytes])
+            enc.finalize()
+            out[pos: pos + TAG_BYTES] = np.frombuffer(enc.tag, np.uint8)
         h = Header(h.codec, h.dtype, h.raw_len, h.stored_len, h.digest, h.namespace, codec.payload_crc([out]),
                    h.flags, h.version, h.key_id)
         return codec.pack_header(h), [out], codec.HEADER_SIZE + h.stored_len
@@ -317,6 +334,27 @@ class Sealer:
             raise RecordError(AUTH, f"sealed record does not authenticate under key {key_id_text(h.key_id)} "
                                     f"({type(e).__name__})") from None
         return dst
+
+    def open_in_place(self, h: Header, parts: Sequence[memoryview]) -> None:
+        """Open a sealed raw record read straight into the page: parts = [nonce, *page pieces holding
+        the ciphertext, tag]; the pieces are decrypted in place, then the tag is checked (after a
+        raise the pieces hold unspecified bytes: the store counts a miss and never serves them).
+        A plaintext record (also read straight in) is only admitted. Raises RecordError as `open`."""
+        if not h.sealed:
+            self.admit(h)
+            return
+        key = self._key(h, serving=True)
+        if h.codec != codec.RAW or len(parts) < 3 or len(parts[0]) != NONCE_BYTES or len(parts[-1]) != TAG_BYTES:
+            raise RecordError("truncated", "sealed record read in place is not a raw page")
+        try:
+            dec = _gcm(key, bytes(parts[0]), bytes(parts[-1])).decryptor()
+            dec.authenticate_additional_data(codec.aad(h))
+            for piece in parts[1:-1]:
+                dec.update_into(piece, piece)
+            dec.finalize()
+        except Exception as e:  # InvalidTag
+            raise RecordError(AUTH, f"sealed record does not authenticate under key {key_id_text(h.key_id)} "
+                                    f"({type(e).__name__})") from None
 
     def decode_into(self, h: Header, payload: memoryview, dst: Sequence[np.ndarray]) -> None:
         """Open (when sealed) and decode a checksum-verified record into the page's pieces, or raise

@@ -543,6 +543,11 @@ class ChunkStore:
         (`alloc(n)`, default a new one; no zero-fill pass)."""
         if not private and ref.length == HEADER_SIZE + n:
             return [memoryview(bytearray(HEADER_SIZE)), *(memoryview(p) for p in dst)], True
+        if not private and n and ref.length == HEADER_SIZE + n + codec.SEAL_OVERHEAD:
+            # only a sealed raw page has this length: its ciphertext straight into the page (opened in
+            # place), header + nonce and the tag into buffers of their own
+            return [memoryview(bytearray(HEADER_SIZE + codec.NONCE_BYTES)), *(memoryview(p) for p in dst),
+                    memoryview(bytearray(codec.TAG_BYTES))], True
         return [memoryview(np.empty(ref.length, dtype=np.uint8) if alloc is None else alloc(ref.length))], False
 
     def _verified(self, tier: Tier, ref: Ref, ns: bytes, ikey: int, digest: bytes, bufs: list[memoryview],
@@ -552,13 +557,14 @@ class ChunkStore:
         (not an intact one of another key or size) is dropped from the index and quarantined."""
         try:
             h = codec.unpack_header(bufs[0])
-            payload = bufs[1:] if direct else bufs[0][HEADER_SIZE:]
+            payload = (([bufs[0][HEADER_SIZE:], *bufs[1:]] if h.sealed else bufs[1:]) if direct
+                       else bufs[0][HEADER_SIZE:])
             if h.raw_len != n:
                 raise RecordError("size", f"stored page is {h.raw_len} bytes, buffer is {n}")
             # a sealed record's tag (checked when it is opened) covers every byte the checksum would
             codec.verify_record(h, payload, digest=digest, namespace=ns, checksum=not h.sealed)
-            if direct:  # a plaintext record read straight into dst: served only if plaintext may be
-                self.sealer.admit(h)
+            if direct:  # read straight into dst: a sealed raw page is opened in place, a plaintext
+                self.sealer.open_in_place(h, payload)  # one is served only if plaintext may be
             else:
                 self.sealer.decode_into(h, payload, dst)
         except RecordError as e:
@@ -636,12 +642,14 @@ class ChunkStore:
                 gate[0].leave(gate[1])
         if h is None:
             return None
-        if direct:
+        if direct and not h.sealed:
             return b"".join([bytes(bufs[0]), *(p.tobytes() for p in dst)]) if want_record else bufs[0]
-        if want_record and not self.compress:  # promoted to a first tier that stores raw: store it raw
+        # promoted to a first tier that stores raw (built again from the page), or read in place from a
+        # sealed record (its ciphertext was opened in the page): built again, sealed anew
+        if want_record and (direct or not self.compress):
             header, parts, _ = self.sealer.build(dst if len(dst) > 1 else dst[0],
                                                  itemsize=codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]],
-                                                 dtype=h.dtype, digest=digest, namespace=ns, compress=False)
+                                                 dtype=h.dtype, digest=digest, namespace=ns, compress=self.compress)
             return b"".join([header, *parts])  # type: ignore[list-item]
         return bufs[0]
 

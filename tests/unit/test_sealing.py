@@ -405,7 +405,7 @@ def test_sealer_alone_round_trips_every_codec_and_refuses_plaintext() -> None:
     from lifeboat_cache.sealing import Key, Keyring
 
     raw = os.urandom(32)
-    k = Key(key_id(raw), Path("mem"), AESGCM(raw))
+    k = Key(key_id(raw), Path("mem"), AESGCM(raw), raw)
     s = Sealer(Keyring(k, {k.id: k}, {k.id: k}))
     for p, itemsize, dt in ((page(1).view(np.uint8), 2, codec.DTYPE_CODES["u2"]),
                             (np.zeros(5000, np.uint8), 1, codec.DTYPE_CODES["u1"]),
