@@ -132,7 +132,7 @@ class ChunkStore:
         self._probe_lock = threading.Lock()
         self._pool = IoWorkers(eng.io_workers, max_workers=eng.io_workers * IO_THREADS_PER_WORKER,
                                counters=self.counters, stuck_s=eng.deadline_s)
-        self._arena = TaskArena()  # per io thread: sealed records being written, records read privately
+        self._arena = TaskArena()  # per io task: sealed records being written, records read privately
         self._closed = False
         # the drive-choice rule of the first multi-drive tier: a dialog's first N pages pick its drive
         self.affinity_chunks = next((ts.affinity_chunks for ts in settings.storage if len(ts.paths) > 1), 1)
@@ -314,7 +314,7 @@ class ChunkStore:
     def _encode(self, ns: bytes, digest: bytes, view: tuple[list[np.ndarray], int, int],
                 own: bool) -> tuple[bytes, list[object], int]:
         """One page's record (header, payload parts, length); owned parts never view the caller's page.
-        A sealed record is built in this io thread's arena (it is written before the task ends)."""
+        A sealed record is built in the io task's arena buffer (it is written before the task ends)."""
         pieces, itemsize, dt = view
         sealed = self.sealer.active
         header, parts, length = self.sealer.build(pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize,
@@ -333,9 +333,12 @@ class ChunkStore:
         own = tier.shared  # a write to a shared tier may outlive the call: it must own its bytes
 
         def write(c: int) -> int:
+            with self._arena.task():  # sealed records are built in its buffer, written before it ends
+                return write_run(c)
+
+        def write_run(c: int) -> int:
             if not gate.enter(c):
                 return 0
-            self._arena.reset()  # this thread's previous task is done with its slices
             try:
                 recs = [(int(ik[i]), ds[i], *self._encode(ns, ds[i], views[i], own)) for i in runs[c]]
                 if own:
@@ -483,6 +486,10 @@ class ChunkStore:
         gate = Gate(len(tasks))  # one slot per task: it touches the caller's pages inside it only
 
         def read(c: int) -> list[int]:
+            with self._arena.task():  # private reads land in its buffer, decoded before it ends
+                return read_run(c)
+
+        def read_run(c: int) -> list[int]:
             group = [i for i in tasks[c] if self._fits(refs[i], sizes[i])]  # type: ignore[arg-type]
             res = [_MISS] * len(tasks[c])
             pos = {i: k for k, i in enumerate(tasks[c])}
@@ -491,8 +498,7 @@ class ChunkStore:
             if gate.closed:
                 return [_LATE] * len(res)  # the call has returned: no more I/O for it
             # into the caller's page when raw, as in _read_record; a shared tier reads privately first,
-            # into this io thread's arena (verified and decoded before this task returns)
-            self._arena.reset()
+            # into the task's arena buffer (verified and decoded before this task returns)
             plan = [self._read_bufs(refs[i], views[i][0], sizes[i], private=tier.shared,  # type: ignore[arg-type]
                                     alloc=self._arena.take) for i in group]
             early = not tier.shared

@@ -292,6 +292,9 @@ def test_a_planted_plaintext_record_with_valid_checksums_is_a_miss(tmp_path: Pat
         assert st.contains(NS, ["planted"]) == [True]
         assert get(st, ["planted"], [page(99)]) == [False]
         assert misses(st) == {f"miss_{UNSEALED}": 1}
+        from lifeboat_cache.metrics import misses_by_reason
+
+        assert misses_by_reason(st.stats()["counters"])["unsealed"] == 1  # lifeboat_misses_total{reason}
         assert st.get_into(NS, ["planted"], [np.empty(8192, np.uint16)]) == [False]  # the direct read path too
         bad = st.verify()
         assert len(bad) == 1 and UNSEALED in bad[0]
@@ -321,7 +324,8 @@ def test_sealed_records_without_a_key_are_misses_never_errors(tmp_path: Path) ->
         assert get(st, ks[:1], ps[:1]) == [False] and misses(st)[f"miss_{AUTH}"] == 1
 
 
-def test_rotation_both_keys_open_then_the_old_one_dropped_gc_removes_its_records(tmp_path: Path) -> None:
+def test_rotation_both_keys_open_then_the_old_one_dropped_gc_removes_its_records(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     old, new = make_key(tmp_path, "old.key"), make_key(tmp_path, "new.key")
     old_id, new_id = (key_id_text(key_id(read_key_file(k))) for k in (old, new))
     ks, ps = keys(40), [page(i) for i in range(40)]
@@ -337,8 +341,14 @@ def test_rotation_both_keys_open_then_the_old_one_dropped_gc_removes_its_records
         assert get(st, ks, ps) == [False] * 20 + [True] * 20
         assert misses(st) == {f"miss_{UNKNOWN_KEY}": 20}
         assert len(st.verify()) == 20
+    capsys.readouterr()
     assert cli_main(["stats", "--config", str(cfg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tiers"][0]["pages_by_key_id"] == {new_id: 20, old_id: 20}
+    assert cli_main(["verify", "--config", str(cfg), "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert out.count(UNKNOWN_KEY) == 20 and "verified 40 records: 20 bad" in out
     assert cli_main(["gc", "--config", str(cfg)]) == 0
+    assert "dropped 20 record(s)" in capsys.readouterr().out
     with ChunkStore.open(load_settings(cfg), background=False) as st:
         assert st.pages_by_key_id() == [{new_id: 20}]  # gone from the index, quarantined
         assert st.verify() == []
