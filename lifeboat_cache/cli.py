@@ -18,7 +18,7 @@ log = logging.getLogger("lifeboat")
 
 def _open(args: argparse.Namespace, *, read_only: bool = False, evict: bool = True) -> ChunkStore:
     settings = load_settings(args.config)
-    return ChunkStore.open(settings, background=False, read_only=read_only, evict=evict)
+    return ChunkStore.open(settings, background=False, read_only=read_only, evict=evict, seal=False)
 
 
 def collect_stats(store: ChunkStore) -> dict[str, Any]:

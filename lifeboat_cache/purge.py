@@ -137,7 +137,7 @@ def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
                                  "owner on a writable store") from None
     report: dict[str, Any] = {"namespaces": {ns.hex(): req.labels.get(ns.hex(), {}) for ns in req.namespaces},
                               "older_than_s": req.older_than_s, "tiers": []}
-    with ChunkStore.open(settings, background=False, evict=False) as store:
+    with ChunkStore.open(settings, background=False, evict=False, seal=False) as store:
         for tier in store.tiers:
             t: dict[str, Any] = {"tier": tier.name}
             if isinstance(tier, SegmentDirs):
@@ -177,7 +177,7 @@ def purge_key_ids(settings: Settings, key_ids: set[int], *, compact_now: bool = 
 
     check_writable(settings)
     report: dict[str, Any] = {"key_ids": sorted(key_id_text(k) for k in key_ids), "tiers": []}
-    with ChunkStore.open(settings, background=False, evict=False) as store:
+    with ChunkStore.open(settings, background=False, evict=False, seal=False) as store:
         dropped = store.drop_records(lambda h: "purged_key" if h.sealed and h.key_id in key_ids else None)
         report["dropped_pages"] = dropped
         for tier in store.tiers:

@@ -38,7 +38,7 @@ import os
 import stat
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -136,8 +136,8 @@ def _aead_class() -> Any:
 class Key:
     id: int
     path: Path
-    aead: Any  # cryptography's AESGCM (one-shot seal / open)
-    raw: bytes = b""  # the key bytes, for the streaming GCM of pages made of many blocks
+    aead: Any = field(repr=False)  # cryptography's AESGCM (one-shot seal / open)
+    raw: bytes = field(default=b"", repr=False)  # the key bytes (streaming GCM); never in a repr or a log
 
 
 def _gcm(key: Key, nonce: bytes, tag: bytes | None = None) -> Any:
@@ -162,15 +162,16 @@ class Keyring:
     """The keys of one store: the one that seals, the ones its reads open, and every configured one
     (what `verify`, `stats` and `gc` use: they look at every namespace's records)."""
 
-    sealing: Key
+    sealing: Key | None  # None only for inspection (`lifeboat stats`, verify, gc, purge): nothing is written
     serving: dict[int, Key]
     every: dict[int, Key]
 
 
-def load_keyring(enc: EncryptionSettings, key_namespace: str = "") -> Keyring:
+def load_keyring(enc: EncryptionSettings, key_namespace: str = "", *, seal: bool = True) -> Keyring:
     """Read and check every configured key file; the serving keys are key_namespace's own when
     `namespace_keys` lists it, else `keys`. Raises ConfigError (missing, loose mode, wrong length,
-    two files with one key id, a key_namespace with no key)."""
+    two files with one key id, a key_namespace with no key when `seal`: a store that writes pages
+    needs a key to seal them; inspection and maintenance open with seal=False)."""
     cache: dict[Path, Key] = {}
     groups = {"": _load(enc.keys, cache)} if enc.keys else {}
     for name, paths in enc.namespace_keys:
@@ -185,6 +186,8 @@ def load_keyring(enc: EncryptionSettings, key_namespace: str = "") -> Keyring:
     own = dict(enc.namespace_keys).get(key_namespace)
     mine = _load(own, cache) if own is not None else groups.get("")
     if not mine:
+        if not seal:
+            return Keyring(None, {}, every)
         raise ConfigError(f"encryption: key_namespace {key_namespace!r} has no key: add it to "
                           "encryption.namespace_keys or give encryption.keys")
     return Keyring(mine[0], {k.id: k for k in mine}, every)
@@ -262,8 +265,10 @@ class Sealer:
         if self.keyring is None:
             return codec.build_record(page, itemsize=itemsize, dtype=dtype, digest=digest, namespace=namespace,
                                       compress=compress)
-        c, parts, raw_len, inner = codec.encode_page(page, itemsize, compress)
         key = self.keyring.sealing
+        if key is None:
+            raise ValueError("this store was opened for inspection without a sealing key: it writes no page")
+        c, parts, raw_len, inner = codec.encode_page(page, itemsize, compress)
         h = Header(c, dtype, raw_len, inner + SEAL_OVERHEAD, digest, namespace, 0, 0, codec.SEALED_VERSION, key.id)
         return self._seal(h, key, parts, alloc)
 
@@ -382,12 +387,13 @@ class Sealer:
         return h
 
 
-def sealer_for(enc: EncryptionSettings, key_namespace: str = "") -> Sealer:
+def sealer_for(enc: EncryptionSettings, key_namespace: str = "", *, seal: bool = True) -> Sealer:
     """The Sealer of a store's settings: plaintext when encryption is off, else sealing with the keys
-    of key_namespace. Raises ConfigError for a bad key file or a missing `cryptography`."""
+    of key_namespace (`seal=False`: inspection, where a key_namespace may have none). Raises
+    ConfigError for a bad key file or a missing `cryptography`."""
     if not enc.enabled:
         return Sealer()
-    return Sealer(load_keyring(enc, key_namespace), enc.require_sealed)
+    return Sealer(load_keyring(enc, key_namespace, seal=seal), enc.require_sealed)
 
 
 __all__ = ["AUTH", "KEY_BYTES", "NO_KEY", "OPENABLE_REASONS", "TAG_BYTES", "UNKNOWN_KEY", "UNSEALED", "Key", "Keyring",

@@ -160,15 +160,18 @@ class ChunkStore:
 
     @classmethod
     def open(cls, settings: Settings | None = None, *, background: bool = True, read_only: bool = False,
-             evict: bool = True) -> "ChunkStore":
+             evict: bool = True, seal: bool = True) -> "ChunkStore":
         """Open every configured tier; the index rebuild runs in the background unless told not to.
 
         `read_only`: create, change and delete no file (no eviction, no quarantine writes, no missing
         directory created): for `lifeboat stats` / `verify`. `evict=False`: files may change (quarantine)
-        but nothing is evicted (`verify --fix`). Only `gc` and serving processes evict.
+        but nothing is evicted (`verify --fix`). Only `gc` and serving processes evict. `seal=False`
+        (the CLI's inspection and maintenance): with `encryption:` on, a config whose key_namespace has
+        no key of its own still opens (every listed key opens records; no page can be written).
         """
         settings = settings or load_settings()
-        sealer = sealer_for(settings.encryption, settings.key_namespace)  # key file trouble: before any tier
+        # key file trouble is a ConfigError before any tier is opened
+        sealer = sealer_for(settings.encryption, settings.key_namespace, seal=seal)
         tiers: list[Tier] = []
         try:
             for ts in settings.storage:

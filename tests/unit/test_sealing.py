@@ -384,6 +384,16 @@ def test_namespace_keys_keep_tenants_apart_in_one_store(tmp_path: Path) -> None:
         assert misses(a) in ({f"miss_{UNKNOWN_KEY}": 1}, {f"miss_{AUTH}": 1})
     with pytest.raises(ConfigError, match="key_namespace 'c' has no key"):
         ChunkStore.open(settings(tmp_path, enc, key_namespace="c"), background=False)
+    # an operator's config with every tenant's key and no key_namespace: stats / verify / gc still open
+    cfg = tmp_path / "ops.yaml"
+    cfg.write_text(json.dumps({"storage": [local(tmp_path)], "encryption": enc}))
+    with ChunkStore.open(load_settings(cfg), background=False, seal=False) as ops:
+        bad = ops.verify()  # the two forgeries (headers edited to claim another key), nothing else
+        assert len(bad) == 2 and all(AUTH in p for p in bad)
+        assert sum(sum(t.values()) for t in ops.pages_by_key_id()) == 3  # x (forged over), y, stolen
+        with pytest.raises(ValueError, match="without a sealing key"):
+            ops.put(ns_a, ["new"], [page(4)])
+    assert cli_main(["stats", "--config", str(cfg)]) == 0
 
 
 def test_purge_by_key_id_shreds_a_key_s_pages(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
