@@ -390,7 +390,9 @@ class ChunkStore:
                 header, parts, length = self.sealer.build(
                     pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize, dtype=dt, digest=ds[i],
                     namespace=ns, compress=self.compress)
-                recs[i] = (header, _owned(parts), length, sum(p.nbytes for p in pieces))
+                # a sealed record's parts are a buffer of its own already (never a view of the page)
+                recs[i] = (header, parts if self.sealer.active else _owned(parts), length,
+                           sum(p.nbytes for p in pieces))
                 return True
             finally:
                 gate.leave(i)
