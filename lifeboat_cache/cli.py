@@ -1,4 +1,4 @@
-"""`lifeboat`: inspect and maintain a store (stats, ls, verify, gc, purge), each with --config."""
+"""`lifeboat`: inspect and maintain a store (stats, ls, verify, gc, purge, keygen), each with --config."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ log = logging.getLogger("lifeboat")
 
 def _open(args: argparse.Namespace, *, read_only: bool = False, evict: bool = True) -> ChunkStore:
     settings = load_settings(args.config)
-    return ChunkStore.open(settings, background=False, read_only=read_only, evict=evict)
+    return ChunkStore.open(settings, background=False, read_only=read_only, evict=evict, seal=False)
 
 
 def collect_stats(store: ChunkStore) -> dict[str, Any]:
@@ -41,6 +41,9 @@ def collect_stats(store: ChunkStore) -> dict[str, Any]:
             "capacity_bytes": cap,
             "capacity_used": round(tier.usage_bytes() / cap, 4) if cap else None,
         })
+    if store.sealer.active:  # which key sealed how many pages (reads each record's header)
+        for t, by_key in zip(tiers, store.pages_by_key_id()):
+            t["pages_by_key_id"] = by_key
     return {"config": store.settings.source, "tiers": tiers}
 
 
@@ -60,6 +63,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"tier {t['tier']}\n  pages: {t['pages']}\n  segments: {t['segments']}\n"
               f"  stored: {format_size(t['stored_bytes'], 1)} (raw {format_size(t['raw_bytes'], 1)}, ratio {ratio})\n"
               f"  capacity: {cap}")
+        if "pages_by_key_id" in t:
+            print("  pages per key id: " + (", ".join(f"{k} {v}" for k, v in t["pages_by_key_id"].items()) or "none"))
     return 0
 
 
@@ -101,6 +106,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     below = _parse_share(args.compact_below)
     with _open(args, evict=False) as store:  # evict here, not while opening, so "freed" is the truth
+        # records no configured key opens (rotated out, shredded, plaintext): dropped, bytes compacted below
+        unreadable = store.drop_unreadable()
         freed = store.gc()
         compacted: dict[str, int] = {}
         for tier in store.tiers:  # then remove purged / dead records' bytes (tiers/compaction.py)
@@ -110,6 +117,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         usage = sum(t.usage_bytes() for t in store.tiers)
     freed += compacted.get("freed_bytes", 0)
     print(f"gc: freed {format_size(freed, 1)}; now using {format_size(usage, 1)}")
+    if unreadable:
+        print(f"gc: dropped {unreadable} record(s) that no configured encryption key opens")
     if compacted:
         print(f"gc: compaction rewrote {compacted['rewritten']} segment(s) ({compacted['kept_records']} live "
               f"records kept), removed {compacted['removed']}; {compacted['skipped_unsealed']} open segment(s) "
@@ -127,12 +136,54 @@ def _parse_share(text: str) -> float:
     return v
 
 
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """Write a new 256-bit key file (mode 0600, never over an existing file) and print its key id."""
+    from pathlib import Path
+
+    from .sealing import key_id_text, write_key_file
+
+    try:
+        kid = write_key_file(Path(args.path))
+    except FileExistsError:
+        print(f"lifeboat: keygen: {args.path} exists; a key is never overwritten (pick another path)",
+              file=sys.stderr)
+        return 2
+    print(f"keygen: wrote {args.path} (mode 0600), key id {key_id_text(kid)}; list it first under "
+          "encryption.keys to seal with it")
+    return 0
+
+
+def _purge_key_ids(args: argparse.Namespace) -> int:
+    """`purge --key-id`: drop the pages sealed with those keys (after the keys were deleted)."""
+    from .purge import PurgeError, parse_key_ids, purge_key_ids
+
+    if args.model or args.namespace or args.older_than:
+        print("lifeboat: purge: --key-id goes alone (run a second purge for the other selectors)", file=sys.stderr)
+        return 2
+    ids = parse_key_ids(args.key_id)
+    settings = load_settings(args.config)
+    try:
+        report = purge_key_ids(settings, ids, compact_now=args.gc, below=_parse_share(args.compact_below))
+    except PurgeError as e:
+        print(f"lifeboat: purge: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"purge: key id(s) {', '.join(report['key_ids'])}: {report['dropped_pages']} page(s) dropped from "
+          "every tier; " + ("bytes removed" if args.gc else "run `lifeboat gc` to remove the bytes"))
+    return 0
+
+
 def cmd_purge(args: argparse.Namespace) -> int:
     """Remove a model's / namespace's / old pages from every index now; bytes at the next gc."""
     from .purge import PurgeError, purge, resolve
 
+    if args.key_id:
+        return _purge_key_ids(args)
     if not (args.model or args.namespace or args.older_than):
-        print("lifeboat: purge: give --model M, --namespace N or --older-than AGE (e.g. 7d)", file=sys.stderr)
+        print("lifeboat: purge: give --model M, --namespace N, --older-than AGE (e.g. 7d) or --key-id ID",
+              file=sys.stderr)
         return 2
     settings = load_settings(args.config)
     req = resolve(settings, models=args.model, namespaces=args.namespace, older_than=args.older_than)
@@ -175,6 +226,8 @@ def add_purge_parser(sub: Any) -> None:
     sp.add_argument("--model", action="append", help="every namespace of this model (as `lifeboat ls` shows it)")
     sp.add_argument("--namespace", action="append", help="a namespace fingerprint in hex (`lifeboat ls`)")
     sp.add_argument("--older-than", help="every page older than this age (e.g. 90m, 24h, 7d)")
+    sp.add_argument("--key-id", action="append", help="every page sealed with this key id (8 hex digits, "
+                    "`lifeboat stats`): crypto-shredding, after the key itself was deleted")
     sp.add_argument("--gc", action="store_true", help="compact now: remove the purged bytes from disk")
     sp.add_argument("--compact-below", default="0.5", help="with --gc: also rewrite segments whose live "
                                                            "share is under this (default 0.5)")
@@ -347,6 +400,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
                                                                    "is under this, and any holding purged pages")
     add_ls_parser(sub)
     add_purge_parser(sub)
+    sp = sub.add_parser("keygen", help="create a key file for sealed records (encryption.keys)")
+    sp.add_argument("path", help="the new key file (refused if it exists)")
+    sp.set_defaults(func=cmd_keygen)
     from .bench import add_parser as add_bench_parser  # light: the bench sections import lazily
 
     add_bench_parser(sub)

@@ -5,13 +5,18 @@ dtype, raw and stored lengths, the 16-byte key digest, the namespace fingerprint
 stored payload and a checksum of the header itself. Parsing is strict: a truncated, foreign or
 corrupted record raises `RecordError` (the store turns that into a miss) and is never half-used.
 
-Format versions (both are read; new records are written as version 2):
+Format versions (all are read; plaintext records are written as version 2, sealed ones as 3):
   1  payload and header checksums are zlib CRC-32 (~2 GB/s per core: the raw path's main cost).
   2  payload checksum is xxh3-64 (~20 GB/s per core, `xxhash`), stored as a u64 where version 1 had
      the payload CRC and the 4 reserved bytes; header checksum is the low 32 bits of xxh3-64 of the
      first 56 bytes. The first 12 bytes (magic, version, codec, dtype, flags, raw length) are unchanged.
+  3  a sealed record (sealing.py, `encryption:`): the version 2 header with the sealing key's id (u32)
+     in the last 4 bytes (covered by the header checksum); the payload is nonce (12 bytes) + the
+     AES-256-GCM ciphertext of the version 2 payload (same codecs) + tag (16 bytes), so stored length
+     = inner stored length + SEAL_OVERHEAD. The payload checksum covers the sealed bytes, so tiers,
+     scans and gc check and move sealed records without a key. `aad(h)` is what the tag binds.
 Checksums catch accidents (torn writes, bit rot, a wrong file); they are not authentication: anyone
-who can write the store's files can forge a record that verifies (see docs/storage.md).
+who can write the store's files can forge a record that verifies (see docs/storage.md). Sealing is.
 
 Bounds: a record never stores more than its raw page (the encoder falls back to raw), so a reader
 rejects a record whose stored length exceeds its raw length, and one whose raw length is not the
@@ -51,13 +56,17 @@ import zstandard
 
 MAGIC = b"LBKV"
 FORMAT_VERSION = 2  # bump when the header layout or a codec's payload layout changes
-READ_VERSIONS = (1, 2)
+SEALED_VERSION = 3  # a sealed record: version 2's header + key id, payload nonce + ciphertext + tag
+READ_VERSIONS = (1, 2, 3)
+NONCE_BYTES, TAG_BYTES = 12, 16
+SEAL_OVERHEAD = NONCE_BYTES + TAG_BYTES  # a sealed payload is this much longer than its plaintext
 HEADER_FMT = "<4sBBBBII16s16sQ"  # version 2: ... + payload xxh3-64; + header check (u32), 4 reserved
 HEADER_FMT_V1 = "<4sBBBBII16s16sII"  # version 1: ... + payload crc32, 4 reserved; + header crc32
 HEADER_SIZE = 64
 _BODY = struct.Struct(HEADER_FMT)
 _BODY_V1 = struct.Struct(HEADER_FMT_V1)
 _CRC = struct.Struct("<I")
+_AAD = struct.Struct("<4sBBBBII16s16sI")  # a sealed record's associated data: every field but checksums
 assert _BODY.size + 8 == HEADER_SIZE and _BODY_V1.size + 8 == HEADER_SIZE
 
 RAW, ZSTD, PLANES = 0, 1, 2
@@ -93,17 +102,31 @@ class Header:
     stored_len: int
     digest: bytes
     namespace: bytes
-    payload_crc: int  # the payload checksum: CRC-32 (version 1) or xxh3-64 (version 2)
+    payload_crc: int  # the payload checksum: CRC-32 (version 1) or xxh3-64 (versions 2, 3)
     flags: int = 0
     version: int = FORMAT_VERSION
+    key_id: int = 0  # sealed records (version 3): the id of the key that sealed it (sealing.key_id)
 
     @property
     def record_len(self) -> int:
         return HEADER_SIZE + self.stored_len
 
+    @property
+    def sealed(self) -> bool:
+        return self.version == SEALED_VERSION
 
-def _header_check(body: bytes, version: int) -> int:
-    return zlib.crc32(body) if version == 1 else xxhash.xxh3_64_intdigest(body) & 0xFFFFFFFF
+
+def aad(h: Header) -> bytes:
+    """A sealed record's associated data: magic, version, codec, dtype, flags, lengths, key digest,
+    namespace and key id. The tag binds them, so a record whose header was edited to claim another
+    key, namespace, size or sealing key does not open. Raises struct.error for an out-of-range field."""
+    return _AAD.pack(MAGIC, h.version, h.codec, h.dtype, h.flags, h.raw_len, h.stored_len, h.digest,
+                     h.namespace, h.key_id)
+
+
+def _header_check(body: bytes, version: int, tail: bytes = b"") -> int:
+    """The header checksum: over the first 56 bytes, and for version 3 the key id after them too."""
+    return zlib.crc32(body) if version == 1 else xxhash.xxh3_64_intdigest(body + tail) & 0xFFFFFFFF
 
 
 def pack_header(h: Header) -> bytes:
@@ -116,9 +139,10 @@ def pack_header(h: Header) -> bytes:
         body = _BODY_V1.pack(MAGIC, 1, h.codec, h.dtype, h.flags, h.raw_len, h.stored_len,
                              h.digest, h.namespace, h.payload_crc, 0)
     else:
-        body = _BODY.pack(MAGIC, FORMAT_VERSION, h.codec, h.dtype, h.flags, h.raw_len, h.stored_len,
-                          h.digest, h.namespace, h.payload_crc)
-    return body + _CRC.pack(_header_check(body, h.version)) + b"\0\0\0\0"
+        body = _BODY.pack(MAGIC, SEALED_VERSION if h.sealed else FORMAT_VERSION, h.codec, h.dtype, h.flags,
+                          h.raw_len, h.stored_len, h.digest, h.namespace, h.payload_crc)
+    tail = _CRC.pack(h.key_id) if h.sealed else b"\0\0\0\0"
+    return body + _CRC.pack(_header_check(body, h.version, tail if h.sealed else b"")) + tail
 
 
 def unpack_header(buf: bytes | memoryview) -> Header:
@@ -136,7 +160,8 @@ def unpack_header(buf: bytes | memoryview) -> Header:
     if version not in READ_VERSIONS:
         raise RecordError("header", f"format version {version}, this build reads {READ_VERSIONS}")
     (hcrc,) = _CRC.unpack_from(buf, _BODY.size)
-    if _header_check(body, version) != hcrc:
+    tail = bytes(buf[_BODY.size + 4: HEADER_SIZE]) if version == SEALED_VERSION else b""
+    if _header_check(body, version, tail) != hcrc:
         raise RecordError("header", "header checksum mismatch")
     if version == 1:
         _, _, codec, dtype, flags, raw_len, stored_len, digest, ns, pcrc, _ = _BODY_V1.unpack(body)
@@ -144,6 +169,14 @@ def unpack_header(buf: bytes | memoryview) -> Header:
         _, _, codec, dtype, flags, raw_len, stored_len, digest, ns, pcrc = _BODY.unpack(body)
     if codec not in CODEC_NAMES or dtype not in DTYPE_NAMES:
         raise RecordError("header", f"unknown codec {codec} or dtype {dtype}")
+    if version == SEALED_VERSION:  # the bounds below hold for the plaintext inside
+        if stored_len < SEAL_OVERHEAD:
+            raise RecordError("header", f"sealed record of {stored_len} payload bytes")
+        (key_id,) = _CRC.unpack(tail)
+        inner = stored_len - SEAL_OVERHEAD
+        if (codec == RAW and inner != raw_len) or inner > raw_len:
+            raise RecordError("header", f"sealed payload of {inner} bytes for a {raw_len}-byte page")
+        return Header(codec, dtype, raw_len, stored_len, digest, ns, pcrc, flags, version, key_id)
     if codec == RAW and stored_len != raw_len:
         raise RecordError("header", "raw record with stored != raw length")
     if stored_len > raw_len:  # the encoder stores raw when compression does not pay
@@ -455,18 +488,26 @@ def build_record(page: np.ndarray | Sequence[np.ndarray], *, itemsize: int, dtyp
     Raises ValueError when a piece is not a flat C-contiguous uint8 array or itemsize does not
     divide it, struct.error when a field does not fit the header (a page over 4 GiB).
     """
+    codec, parts, raw_len, stored = encode_page(page, itemsize, compress)
+    h = Header(codec, dtype, raw_len, stored, digest, namespace, payload_crc(parts))
+    return pack_header(h), parts, HEADER_SIZE + stored
+
+
+def encode_page(page: np.ndarray | Sequence[np.ndarray], itemsize: int,
+                compress: bool) -> tuple[int, list[object], int, int]:
+    """build_record's encoding step without the header: (codec, payload parts, raw length, stored
+    length). sealing.py seals these parts (no checksum of the plaintext is needed there)."""
     pieces = [page] if isinstance(page, np.ndarray) else list(page)
     if len(pieces) > 1 and compress:
         pieces = [np.concatenate(pieces)]
     raw_len = sum(p.nbytes for p in pieces)
     codec, parts = encode(pieces[0], itemsize, compress) if len(pieces) == 1 else (RAW, pieces)
     stored = raw_len if codec == RAW else sum(memoryview(p).nbytes for p in parts)  # type: ignore[arg-type]
-    h = Header(codec, dtype, raw_len, stored, digest, namespace, payload_crc(parts))
-    return pack_header(h), parts, HEADER_SIZE + stored
+    return codec, parts, raw_len, stored
 
 
 def check_record(header: Header, payload: memoryview | Sequence[memoryview], digest: bytes,
-                 namespace: bytes) -> None:
+                 namespace: bytes, *, checksum: bool = True) -> None:
     """Check identity and payload checksum; raises RecordError with the failing part as reason.
 
     `payload` is the stored payload, or its parts in order (a raw record read into a
@@ -480,7 +521,7 @@ def check_record(header: Header, payload: memoryview | Sequence[memoryview], dig
         raise RecordError("foreign", "namespace mismatch")
     if sum(memoryview(p).nbytes for p in parts) != header.stored_len:
         raise RecordError("truncated", "payload shorter than the header says")
-    if payload_crc(parts, header.version) != header.payload_crc:
+    if checksum and payload_crc(parts, header.version) != header.payload_crc:
         raise RecordError("checksum", "payload checksum mismatch")
 
 
@@ -507,15 +548,16 @@ def compressed_record(record: bytes | memoryview) -> bytes | memoryview:
 
 
 def verify_record(header: bytes | memoryview | Header, payload: memoryview | Sequence[memoryview], *,
-                  digest: bytes | None = None, namespace: bytes | None = None) -> Header:
+                  digest: bytes | None = None, namespace: bytes | None = None, checksum: bool = True) -> Header:
     """The one record check (reads, recovery scans, `verify`): header, identity when given, payload.
 
     `header` is the record's header bytes (or a Header the caller already parsed from them).
     Returns the parsed header; raises RecordError naming the failing part (see unpack_header and
     check_record for the reasons). A scan passes no digest/namespace (it learns them from the
-    record); a read passes the ones it asked for.
+    record); a read passes the ones it asked for. `checksum=False` skips the payload checksum: only
+    for a sealed record that is opened next (its tag covers every byte the checksum does).
     """
     h = header if isinstance(header, Header) else unpack_header(header)
     check_record(h, payload, h.digest if digest is None else digest,
-                 h.namespace if namespace is None else namespace)
+                 h.namespace if namespace is None else namespace, checksum=checksum)
     return h

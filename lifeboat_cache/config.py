@@ -92,12 +92,29 @@ class EngineSettings:
 
 
 @dataclass(frozen=True)
+class EncryptionSettings:
+    """`encryption:`: sealed records (sealing.py). Paths of key files only, never key bytes: the
+    files are read and checked (mode, length) when a store opens. Off when no key is configured."""
+
+    keys: tuple[Path, ...] = ()  # the first seals, all open (rotation: add the new key first)
+    # key_namespace -> its own keys: a process of that key_namespace seals and opens with these only
+    namespace_keys: tuple[tuple[str, tuple[Path, ...]], ...] = ()
+    require_sealed: bool = True  # plaintext records are misses (a writer without a key cannot plant)
+    gc_drops_unreadable: bool = True  # `lifeboat gc` drops records none of the configured keys opens
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys or self.namespace_keys)
+
+
+@dataclass(frozen=True)
 class Settings:
     storage: tuple[TierSettings, ...]
     engine: EngineSettings = field(default_factory=EngineSettings)
     model_id: str | None = None
     key_namespace: str = ""
     source: str = "embedded default"
+    encryption: EncryptionSettings = field(default_factory=EncryptionSettings)
 
 
 # ---------------------------------------------------------------- parsing helpers
@@ -463,7 +480,64 @@ def parse_key_namespace(value: Any, where: str = "key_namespace") -> str:
     return value
 
 
-_TOP_KEYS = {"storage", "engine", "model_id", "key_namespace"}
+_ENCRYPTION_KEYS = {"keys", "namespace_keys", "require_sealed", "gc_drops_unreadable"}
+ENV_KEY_FILE = "LIFEBOAT_KEY_FILE"
+
+
+def _key_paths(value: Any, where: str) -> tuple[Path, ...]:
+    raw = [value] if isinstance(value, str) else value
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise ConfigError(f"{where}: expected a key file path or a list of them (the first seals), got {_show(value)}")
+    return tuple(Path(os.path.expanduser(_parse_str(p, f"{where}[{i}]"))) for i, p in enumerate(raw))
+
+
+def parse_encryption(obj: Any, where: str = "encryption") -> EncryptionSettings:
+    """`encryption:` -> EncryptionSettings; absent, null or false: off. Key files are checked at open."""
+    if obj is None or obj is False or (isinstance(obj, str) and obj.strip().lower() in ("off", "false", "no")):
+        return EncryptionSettings()
+    if not isinstance(obj, Mapping):
+        raise ConfigError(f"{where}: expected a mapping such as {{keys: [/etc/lifeboat/seal.key]}}, got {_show(obj)}")
+    _check_keys(obj, _ENCRYPTION_KEYS, where)
+    kw: dict[str, Any] = {}
+    if obj.get("keys") is not None:
+        kw["keys"] = _key_paths(obj["keys"], f"{where}.keys")
+    ns_raw = obj.get("namespace_keys")
+    if ns_raw is not None:
+        if not isinstance(ns_raw, Mapping) or not ns_raw:
+            raise ConfigError(f"{where}.namespace_keys: expected a mapping key_namespace -> key file(s), "
+                              f"got {_show(ns_raw)}")
+        kw["namespace_keys"] = tuple(
+            (parse_key_namespace(name, f"{where}.namespace_keys key {_show(name, 40)}"),
+             _key_paths(paths, f"{where}.namespace_keys.{name}")) for name, paths in ns_raw.items())
+    for k in ("require_sealed", "gc_drops_unreadable"):
+        if k in obj:
+            kw[k] = _parse_bool(obj[k], f"{where}.{k}")
+    enc = EncryptionSettings(**kw)
+    if not enc.enabled:
+        raise ConfigError(f"{where}: give keys (a key file, or a list: the first seals) or namespace_keys; "
+                          "create a key with `lifeboat keygen PATH`, or remove the section to turn sealing off")
+    return enc
+
+
+def parse_key_file_env(env: Mapping[str, str]) -> tuple[Path, ...] | None:
+    """LIFEBOAT_KEY_FILE: key file path(s), separated by os.pathsep (the first seals); replaces
+    `encryption.keys` and so turns sealing on. None when unset or blank."""
+    value = env.get(ENV_KEY_FILE)
+    if value is None or not value.strip():
+        return None
+    parts = [p.strip() for p in value.split(os.pathsep)]
+    if any(not p or "\0" in p for p in parts):
+        raise ConfigError(f"{ENV_KEY_FILE}={value[:200]!r}: expected key file paths separated by "
+                          f"{os.pathsep!r} (the first seals), with no empty entry")
+    paths = tuple(Path(os.path.expanduser(p)) for p in parts)
+    for p in paths:  # mode and length are checked when a store opens (sealing.read_key_file)
+        if not p.is_file():
+            raise ConfigError(f"{ENV_KEY_FILE}={value[:200]!r}: key file {p} does not exist; create one with "
+                              f"`lifeboat keygen {p}`, or fix the path, or unset {ENV_KEY_FILE}")
+    return paths
+
+
+_TOP_KEYS = {"storage", "engine", "model_id", "key_namespace", "encryption"}
 
 
 def settings_from_dict(obj: Any, source: str = "<dict>") -> Settings:
@@ -502,6 +576,7 @@ def _settings_from_dict(obj: Any, source: str) -> Settings:
         model_id=model_id,
         key_namespace=parse_key_namespace(obj.get("key_namespace")),
         source=source,
+        encryption=parse_encryption(obj.get("encryption")),
     )
 
 
@@ -585,6 +660,8 @@ def apply_overrides(settings: Settings, overrides: Mapping[str, Any], source: st
         out = replace(out, model_id=_parse_str(overrides["model_id"], f"{source}.model_id"))
     if "key_namespace" in overrides:
         out = replace(out, key_namespace=parse_key_namespace(overrides["key_namespace"], f"{source}.key_namespace"))
+    if "encryption" in overrides:
+        out = replace(out, encryption=parse_encryption(overrides["encryption"], f"{source}.encryption"))
     return replace(out, source=f"{settings.source} + {source}")
 
 
@@ -605,4 +682,7 @@ def load_settings(
         settings = Settings(storage=default_storage())
     else:
         settings = settings_from_dict(read_config_file(p), source=str(p))
+    keys = parse_key_file_env(os.environ if env is None else env)
+    if keys is not None:  # the key source from the environment (a secret mount) replaces the file's
+        settings = replace(settings, encryption=replace(settings.encryption, keys=keys))
     return apply_overrides(settings, overrides if overrides is not None else {}, overrides_source)

@@ -6,7 +6,8 @@ all a user sees (a launch stops on it). A blank value counts as unset where the 
 setting. The old homes re-export these names (`integrations.sglang_launch_rules`, `statsfile`,
 `integrations.sglang_mlx`, `demo.mlx_serving`), so callers need not change.
 
-`LIFEBOAT_CONFIG` is parsed by `config.find_config_file`, because it is the first step of the config
+`LIFEBOAT_CONFIG` is parsed by `config.find_config_file` and `LIFEBOAT_KEY_FILE` by
+`config.parse_key_file_env` (load_settings applies it), because it is the first step of the config
 file's lookup order and ConfigError lives there; this module re-exports it and lists the variable.
 
 Core layer: imports only `config` (ConfigError, find_config_file).
@@ -18,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Union
 
-from .config import ConfigError, find_config_file
+from .config import ENV_KEY_FILE, ConfigError, find_config_file, parse_key_file_env
 
 Env = Mapping[str, str]
 
@@ -34,6 +35,7 @@ ENV_REBUILD_WAIT = "LIFEBOAT_MLX_REBUILD_WAIT_S"
 ENV_INTERVAL = "LIFEBOAT_STATS_INTERVAL_S"
 ENV_BLAS_PRELOAD = "LIFEBOAT_BLAS_PRELOAD"
 ENV_LOG_LEVEL = "LIFEBOAT_LOG_LEVEL"
+# ENV_KEY_FILE ("LIFEBOAT_KEY_FILE") lives in config.py, which applies it in load_settings
 
 # ------------------------------------------------------------------------------------------ defaults
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -213,6 +215,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(ENV_BLAS_PRELOAD, DEFAULT_BLAS + " when present",
              "OpenBLAS preloaded into MLX child processes (demo, bench, tests) on Linux", parse_blas_preload),
     Variable(ENV_LOG_LEVEL, DEFAULT_LOG_LEVEL, "log level of the demo's and plan processes", parse_log_level),
+    Variable(ENV_KEY_FILE, "unset: encryption.keys of lifeboat.yaml",
+             "key file path(s) for sealed records, the first seals (replaces encryption.keys, turns sealing on)",
+             parse_key_file_env),
 )
 
 BY_NAME: dict[str, Variable] = {v.name: v for v in VARIABLES}

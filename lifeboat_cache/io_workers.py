@@ -7,6 +7,10 @@ longer than `stuck_s` (the deadline), up to `max_workers` (a bound, so a long ha
 threads without end); extra threads exit after `IDLE_EXIT_S` idle. A big batch on healthy tiers
 never grows the pool. Threads that outlive their call's deadline are counted (`io_overdue`).
 
+`TaskArena` gives io tasks byte buffers reused from task to task (sealed records built for a write,
+records read into private buffers): a fresh multi-MiB buffer per page costs its page faults every
+time (measured: AES-GCM into fresh 768 KiB buffers 2.1-2.5 GB/s per core, into reused ones 6.8).
+
 `Gate` protects the caller's buffers: SGLang reuses a page buffer as soon as a call returns with a
 miss, so a task that finishes after the deadline must not write into it (reads), nor read from it
 (writes). Each page passes the gate before touching caller memory; at the deadline the caller closes
@@ -21,7 +25,10 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
 
 from .cooldown import LogOnce
 from .metrics import Counters
@@ -70,6 +77,61 @@ class Gate:
     def inside(self) -> list[int]:
         with self._lock:
             return [i for i, s in enumerate(self._state) if s == _INSIDE]
+
+
+_FREE: list[np.ndarray] = []  # arena buffers between tasks, shared by every store and io thread
+_FREE_LOCK = threading.Lock()
+FREE_MAX_BYTES = 256 << 20  # kept between tasks at most (process-wide); more is freed
+
+
+class TaskArena:
+    """Byte buffers reused from task to task: inside `with arena.task():` an io task `take(n)`s slices
+    of one buffer, which goes back to a process-wide free list when the task ends, so a new store's
+    threads start warm too. Invariant: a slice never outlives the task that took it (it is written
+    out, or read and decoded, before the task returns; anything kept longer is copied, as the copier
+    does). `take` outside a task returns a one-off buffer.
+    """
+
+    ALIGN = 64
+    MIN_BYTES = 1 << 20
+    MAX_BYTES = 64 << 20  # one task's buffer at most; a task that needs more gets one-off buffers past it
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @contextmanager
+    def task(self) -> Iterator["TaskArena"]:
+        st = self._local
+        st.active, st.buf, st.pos = True, None, 0
+        try:
+            yield self
+        finally:
+            buf, st.buf, st.active = st.buf, None, False
+            if buf is not None:
+                with _FREE_LOCK:
+                    if sum(b.nbytes for b in _FREE) + buf.nbytes <= FREE_MAX_BYTES:
+                        _FREE.append(buf)
+
+    def take(self, n: int) -> np.ndarray:
+        """n bytes (uint8, uninitialised) of this task's buffer (a one-off buffer past MAX_BYTES)."""
+        st = self._local
+        if not getattr(st, "active", False):
+            return np.empty(n, dtype=np.uint8)
+        buf, pos = st.buf, st.pos
+        if buf is None:
+            with _FREE_LOCK:
+                if _FREE:
+                    _FREE.sort(key=lambda b: b.nbytes)
+                    buf = _FREE.pop()  # the largest
+        if buf is None or pos + n > buf.nbytes:
+            size = max(self.MIN_BYTES, 2 * buf.nbytes if buf is not None else 0, pos + n)
+            if size > self.MAX_BYTES:
+                if buf is not None and st.buf is None:
+                    st.buf = buf  # keep what came from the free list, hand this request a one-off
+                return np.empty(n, dtype=np.uint8)
+            buf, pos = np.empty(size, dtype=np.uint8), 0  # slices of the old buffer keep it alive
+        st.buf, st.pos = buf, pos + -(-n // self.ALIGN) * self.ALIGN
+        return buf[pos: pos + n]
 
 
 class IoWorkers:

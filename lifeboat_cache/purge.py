@@ -1,4 +1,5 @@
-"""`lifeboat purge`: remove a model's, a namespace's or old pages from every tier and every process.
+"""`lifeboat purge`: remove a model's, a namespace's or old pages from every tier and every process;
+`--key-id`: the pages sealed with a key (crypto-shredding, `purge_key_ids`).
 
 Why: KV caches hold users' prompts; deleting a tenant's data must stop its pages being served at
 once and then remove their bytes. A purge appends rules to `purge.list` in every local / nfs store
@@ -136,7 +137,7 @@ def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
                                  "owner on a writable store") from None
     report: dict[str, Any] = {"namespaces": {ns.hex(): req.labels.get(ns.hex(), {}) for ns in req.namespaces},
                               "older_than_s": req.older_than_s, "tiers": []}
-    with ChunkStore.open(settings, background=False, evict=False) as store:
+    with ChunkStore.open(settings, background=False, evict=False, seal=False) as store:
         for tier in store.tiers:
             t: dict[str, Any] = {"tier": tier.name}
             if isinstance(tier, SegmentDirs):
@@ -146,6 +147,45 @@ def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
                     t["compaction"] = compact_tier(tier, below)
             elif isinstance(tier, ObjectPurging):
                 t.update(tier.purge_objects(lines))
+            report["tiers"].append(t)
+    return report
+
+
+def parse_key_ids(texts: list[str]) -> set[int]:
+    """`--key-id` values (8 hex digits, as `lifeboat stats` and `keygen` print them) -> key ids."""
+    out = set()
+    for text in texts:
+        t = text.strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{8}", t):
+            raise ConfigError(f"--key-id {text!r}: expected a key id of 8 hex digits (`lifeboat stats` lists "
+                              "the key ids of the stored pages)")
+        out.add(int(t, 16))
+    return out
+
+
+def purge_key_ids(settings: Settings, key_ids: set[int], *, compact_now: bool = False,
+                  below: float | None = None) -> dict[str, Any]:
+    """Crypto-shredding's second step: drop every record sealed with one of key_ids from every tier
+    (quarantined, so no process serves or re-indexes it), then optionally compact the bytes away.
+
+    The first step is deleting the key itself (from every host's config and secret store): from then
+    on no copy of those records opens anywhere, in snapshots, backups or old bucket versions too.
+    This step reclaims the space. Raises PurgeError for a store it cannot write."""
+    from .sealing import key_id_text
+    from .store import ChunkStore
+    from .tiers.base import SegmentDirs
+
+    check_writable(settings)
+    report: dict[str, Any] = {"key_ids": sorted(key_id_text(k) for k in key_ids), "tiers": []}
+    with ChunkStore.open(settings, background=False, evict=False, seal=False) as store:
+        dropped = store.drop_records(lambda h: "purged_key" if h.sealed and h.key_id in key_ids else None)
+        report["dropped_pages"] = dropped
+        for tier in store.tiers:
+            t: dict[str, Any] = {"tier": tier.name}
+            if compact_now and isinstance(tier, SegmentDirs):
+                t["compaction"] = compact_tier(tier, below)
+            elif compact_now:
+                t["freed_bytes"] = tier.gc()
             report["tiers"].append(t)
     return report
 

@@ -6,7 +6,10 @@ from SGLang is processed in parallel (zstd and file I/O release the GIL). Storag
 raises out of put / get_into / count_leading_hits: it is a miss or a dropped write, counted by cause, logged
 once per cooldown, and the failing tier is skipped for a cooldown that doubles while it keeps
 failing. A record is verified (header, identity, payload checksum) before its bytes are trusted;
-one that fails is dropped from the index and quarantined.
+one that fails is dropped from the index and quarantined. Records are built and opened by the
+store's `Sealer` (sealing.py): sealed with AES-256-GCM when `encryption:` is on, plaintext otherwise;
+a record it will not serve (plaintext where sealed ones are required, a key it does not hold, a tag
+that does not verify) is a miss counted under its own reason.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -24,9 +27,10 @@ from .codec import HEADER_SIZE, RecordError
 from .config import Settings, TierSettings, load_settings
 from .cooldown import Cooldown  # noqa: F401  (re-exported: `store.Cooldown` stays importable)
 from .copier import COPY_BATCH_BYTES, DEFAULT_COPY_WORKERS, Copier
-from .io_workers import Gate, IoWorkers
+from .io_workers import Gate, IoWorkers, TaskArena
 from .keys import DigestCache
 from .metrics import Counters
+from .sealing import OPENABLE_REASONS, UNKNOWN_KEY, UNSEALED, Sealer, key_id_text, sealer_for
 from .tiers import Ref, Tier, open_tier
 from .tiers.base import Auditing, Probing, RecordRuns
 from .tracing import trace_store
@@ -105,10 +109,12 @@ def compresses(ts: TierSettings, engine_compression: str) -> bool:
 class ChunkStore:
     """Pages in, pages out, under (namespace, key). See docs/architecture.md for the contract."""
 
-    def __init__(self, settings: Settings, tiers: Sequence[Tier]) -> None:
+    def __init__(self, settings: Settings, tiers: Sequence[Tier], sealer: Sealer | None = None) -> None:
         if not tiers:
             raise ValueError("a ChunkStore needs at least one tier")
         self.settings = settings
+        # builds and opens every record (sealed when `encryption:` is on): the one place that decides
+        self.sealer = sealer if sealer is not None else sealer_for(settings.encryption, settings.key_namespace)
         self.tiers = list(tiers)
         eng = settings.engine
         # per tier: store compressed or raw (see compresses); put encodes for the first tier, and
@@ -126,6 +132,7 @@ class ChunkStore:
         self._probe_lock = threading.Lock()
         self._pool = IoWorkers(eng.io_workers, max_workers=eng.io_workers * IO_THREADS_PER_WORKER,
                                counters=self.counters, stuck_s=eng.deadline_s)
+        self._arena = TaskArena()  # per io task: sealed records being written, records read privately
         self._closed = False
         # the drive-choice rule of the first multi-drive tier: a dialog's first N pages pick its drive
         self.affinity_chunks = next((ts.affinity_chunks for ts in settings.storage if len(ts.paths) > 1), 1)
@@ -139,7 +146,7 @@ class ChunkStore:
 
     def _recode(self, level: int, record: bytes) -> bytes | memoryview:
         """The record as tier `level` stores it: compressed there when its rule says so."""
-        return codec.compressed_record(record) if self.tier_compress[level] else record
+        return self.sealer.recode(record, self.tier_compress[level])
 
     def _tier_settings(self) -> list[TierSettings]:
         given = list(self.settings.storage)
@@ -153,14 +160,18 @@ class ChunkStore:
 
     @classmethod
     def open(cls, settings: Settings | None = None, *, background: bool = True, read_only: bool = False,
-             evict: bool = True) -> "ChunkStore":
+             evict: bool = True, seal: bool = True) -> "ChunkStore":
         """Open every configured tier; the index rebuild runs in the background unless told not to.
 
         `read_only`: create, change and delete no file (no eviction, no quarantine writes, no missing
         directory created): for `lifeboat stats` / `verify`. `evict=False`: files may change (quarantine)
-        but nothing is evicted (`verify --fix`). Only `gc` and serving processes evict.
+        but nothing is evicted (`verify --fix`). Only `gc` and serving processes evict. `seal=False`
+        (the CLI's inspection and maintenance): with `encryption:` on, a config whose key_namespace has
+        no key of its own still opens (every listed key opens records; no page can be written).
         """
         settings = settings or load_settings()
+        # key file trouble is a ConfigError before any tier is opened
+        sealer = sealer_for(settings.encryption, settings.key_namespace, seal=seal)
         tiers: list[Tier] = []
         try:
             for ts in settings.storage:
@@ -171,7 +182,7 @@ class ChunkStore:
             for t in tiers:
                 t.close()
             raise
-        store = cls(settings, tiers)
+        store = cls(settings, tiers, sealer)
         log.info("lifeboat: store open (%s): %s", settings.source, ", ".join(t.name for t in tiers))
         return store
 
@@ -271,7 +282,7 @@ class ChunkStore:
                 return False
             pieces, itemsize, dt = views[i]
             try:
-                header, parts, length = codec.build_record(
+                header, parts, length = self.sealer.build(
                     pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize, dtype=dt, digest=ds[i],
                     namespace=ns, compress=self.compress)
                 if redirect:  # not stored yet, so False; the copier writes it to the lower tiers
@@ -305,11 +316,14 @@ class ChunkStore:
 
     def _encode(self, ns: bytes, digest: bytes, view: tuple[list[np.ndarray], int, int],
                 own: bool) -> tuple[bytes, list[object], int]:
-        """One page's record (header, payload parts, length); owned parts never view the caller's page."""
+        """One page's record (header, payload parts, length); owned parts never view the caller's page.
+        A sealed record is built in the io task's arena buffer (it is written before the task ends)."""
         pieces, itemsize, dt = view
-        header, parts, length = codec.build_record(pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize,
-                                                   dtype=dt, digest=digest, namespace=ns, compress=self.compress)
-        return header, _owned(parts) if own else parts, length
+        sealed = self.sealer.active
+        header, parts, length = self.sealer.build(pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize,
+                                                  dtype=dt, digest=digest, namespace=ns, compress=self.compress,
+                                                  alloc=self._arena.take if sealed else None)
+        return header, _owned(parts) if own and not sealed else parts, length
 
     def _put_runs(self, tier: Tier, cd: Cooldown, ns: bytes, ds: Sequence[bytes], ik: np.ndarray,
                   views: list, todo: list[int], results: list[bool], affinity: int, t_end: float) -> None:
@@ -322,6 +336,10 @@ class ChunkStore:
         own = tier.shared  # a write to a shared tier may outlive the call: it must own its bytes
 
         def write(c: int) -> int:
+            with self._arena.task():  # sealed records are built in its buffer, written before it ends
+                return write_run(c)
+
+        def write_run(c: int) -> int:
             if not gate.enter(c):
                 return 0
             try:
@@ -369,10 +387,12 @@ class ChunkStore:
                 return False
             try:
                 pieces, itemsize, dt = views[i]
-                header, parts, length = codec.build_record(
+                header, parts, length = self.sealer.build(
                     pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize, dtype=dt, digest=ds[i],
                     namespace=ns, compress=self.compress)
-                recs[i] = (header, _owned(parts), length, sum(p.nbytes for p in pieces))
+                # a sealed record's parts are a buffer of its own already (never a view of the page)
+                recs[i] = (header, parts if self.sealer.active else _owned(parts), length,
+                           sum(p.nbytes for p in pieces))
                 return True
             finally:
                 gate.leave(i)
@@ -471,6 +491,10 @@ class ChunkStore:
         gate = Gate(len(tasks))  # one slot per task: it touches the caller's pages inside it only
 
         def read(c: int) -> list[int]:
+            with self._arena.task():  # private reads land in its buffer, decoded before it ends
+                return read_run(c)
+
+        def read_run(c: int) -> list[int]:
             group = [i for i in tasks[c] if self._fits(refs[i], sizes[i])]  # type: ignore[arg-type]
             res = [_MISS] * len(tasks[c])
             pos = {i: k for k, i in enumerate(tasks[c])}
@@ -478,9 +502,10 @@ class ChunkStore:
                 return res
             if gate.closed:
                 return [_LATE] * len(res)  # the call has returned: no more I/O for it
-            # into the caller's page when raw, as in _read_record; a shared tier reads privately first
-            plan = [self._read_bufs(refs[i], views[i][0], sizes[i], private=tier.shared)  # type: ignore[arg-type]
-                    for i in group]
+            # into the caller's page when raw, as in _read_record; a shared tier reads privately first,
+            # into the task's arena buffer (verified and decoded before this task returns)
+            plan = [self._read_bufs(refs[i], views[i][0], sizes[i], private=tier.shared,  # type: ignore[arg-type]
+                                    alloc=self._arena.take) for i in group]
             early = not tier.shared
             if early and not gate.enter(c):
                 return [_LATE] * len(res)
@@ -516,18 +541,25 @@ class ChunkStore:
     def _fits(self, ref: Ref, n: int) -> bool:
         """Whether a stored record can be that of an n-byte page: none stores more than its raw page (a
         larger one is foreign or crafted: read nothing, allocate nothing)."""
-        if HEADER_SIZE <= ref.length <= HEADER_SIZE + n:
+        if HEADER_SIZE <= ref.length <= HEADER_SIZE + n + codec.SEAL_OVERHEAD:
             return True
         self.counters.add("miss_size")
         return False
 
     @staticmethod
-    def _read_bufs(ref: Ref, dst: list[np.ndarray], n: int, private: bool) -> tuple[list[memoryview], bool]:
+    def _read_bufs(ref: Ref, dst: list[np.ndarray], n: int, private: bool,
+                   alloc: Callable[[int], np.ndarray] | None = None) -> tuple[list[memoryview], bool]:
         """(buffers to read a record into, direct): a raw record straight into the page's pieces (n
-        bytes) after a header buffer (no extra copy), anything else (or `private`) into its own buffer."""
+        bytes) after a header buffer (no extra copy), anything else (or `private`) into its own buffer
+        (`alloc(n)`, default a new one; no zero-fill pass)."""
         if not private and ref.length == HEADER_SIZE + n:
             return [memoryview(bytearray(HEADER_SIZE)), *(memoryview(p) for p in dst)], True
-        return [memoryview(np.empty(ref.length, dtype=np.uint8))], False  # no zero-fill pass
+        if not private and n and ref.length == HEADER_SIZE + n + codec.SEAL_OVERHEAD:
+            # only a sealed raw page has this length: its ciphertext straight into the page (opened in
+            # place), header + nonce and the tag into buffers of their own
+            return [memoryview(bytearray(HEADER_SIZE + codec.NONCE_BYTES)), *(memoryview(p) for p in dst),
+                    memoryview(bytearray(codec.TAG_BYTES))], True
+        return [memoryview(np.empty(ref.length, dtype=np.uint8) if alloc is None else alloc(ref.length))], False
 
     def _verified(self, tier: Tier, ref: Ref, ns: bytes, ikey: int, digest: bytes, bufs: list[memoryview],
                   dst: list[np.ndarray], n: int, direct: bool) -> codec.Header | None:
@@ -536,15 +568,21 @@ class ChunkStore:
         (not an intact one of another key or size) is dropped from the index and quarantined."""
         try:
             h = codec.unpack_header(bufs[0])
-            payload = bufs[1:] if direct else bufs[0][HEADER_SIZE:]
+            payload = (([bufs[0][HEADER_SIZE:], *bufs[1:]] if h.sealed else bufs[1:]) if direct
+                       else bufs[0][HEADER_SIZE:])
             if h.raw_len != n:
                 raise RecordError("size", f"stored page is {h.raw_len} bytes, buffer is {n}")
-            codec.verify_record(h, payload, digest=digest, namespace=ns)
-            if not direct:
-                codec.decode_into(h.codec, payload, dst, codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]])
+            # a sealed record's tag (checked when it is opened) covers every byte the checksum would
+            codec.verify_record(h, payload, digest=digest, namespace=ns, checksum=not h.sealed)
+            if direct:  # read straight into dst: a sealed raw page is opened in place, a plaintext
+                self.sealer.open_in_place(h, payload)  # one is served only if plaintext may be
+            else:
+                self.sealer.decode_into(h, payload, dst)
         except RecordError as e:
             self.counters.add(f"miss_{e.reason}")
-            if e.reason not in ("foreign", "size"):  # intact records of other keys are left alone
+            # intact records of other keys, and ones another process may open (a key this one does not
+            # hold, plaintext while sealed ones are required: gc drops those), are left alone
+            if e.reason not in ("foreign", "size", *OPENABLE_REASONS):
                 tier.forget(ikey, ref, e.reason)
                 self.counters.add("quarantined")
                 log.warning("lifeboat: dropped a bad record on %s (%s)", tier.name, e)
@@ -615,12 +653,14 @@ class ChunkStore:
                 gate[0].leave(gate[1])
         if h is None:
             return None
-        if direct:
+        if direct and not h.sealed:
             return b"".join([bytes(bufs[0]), *(p.tobytes() for p in dst)]) if want_record else bufs[0]
-        if want_record and not self.compress:  # promoted to a first tier that stores raw: store it raw
-            header, parts, _ = codec.build_record(dst if len(dst) > 1 else dst[0],
-                                                  itemsize=codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]],
-                                                  dtype=h.dtype, digest=digest, namespace=ns, compress=False)
+        # promoted to a first tier that stores raw (built again from the page), or read in place from a
+        # sealed record (its ciphertext was opened in the page): built again, sealed anew
+        if want_record and (direct or not self.compress):
+            header, parts, _ = self.sealer.build(dst if len(dst) > 1 else dst[0],
+                                                 itemsize=codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]],
+                                                 dtype=h.dtype, digest=digest, namespace=ns, compress=self.compress)
             return b"".join([header, *parts])  # type: ignore[list-item]
         return bufs[0]
 
@@ -778,7 +818,7 @@ class ChunkStore:
                     ok = tier.read_into(ref, [memoryview(rec)])
                     if not ok:
                         raise RecordError("truncated", "record shorter than indexed")
-                    h = codec.verify_record(rec, memoryview(rec)[HEADER_SIZE:])
+                    h = self.sealer.check(rec)  # checksums, then: may it be served, does it open
                     if int.from_bytes(h.digest[:8], "little", signed=True) != ikey:
                         raise RecordError("foreign", "index key does not match the header's digest")
                     if h.record_len != ref.length:
@@ -786,7 +826,7 @@ class ChunkStore:
                 except (RecordError, OSError) as e:
                     where = tier.loc_name(ref)
                     problems.append(f"{tier.name}: {where}: {e}")
-                    if fix and isinstance(e, RecordError):
+                    if fix and isinstance(e, RecordError) and e.reason not in OPENABLE_REASONS:
                         tier.forget(ikey, ref, getattr(e, "reason", "verify"))
                         self.counters.add("quarantined")
                 if progress is not None:
@@ -797,6 +837,61 @@ class ChunkStore:
 
     def gc(self) -> int:
         return sum(t.gc() for t in self.tiers)
+
+    def _headers(self, tier: Tier) -> Iterator[tuple[int, Ref, codec.Header | None]]:
+        """(index key, place, parsed header or None when unreadable) of every indexed record of a tier:
+        64 bytes read per record, for `stats` per key id and `drop_unreadable`."""
+        for ikey, ref in list(tier.records()):
+            buf = bytearray(HEADER_SIZE)
+            try:
+                ok = ref.length >= HEADER_SIZE and tier.read_into(
+                    Ref(ref.part, type(ref.loc)(ref.loc.unit, ref.loc.offset, HEADER_SIZE)), [memoryview(buf)])
+                yield ikey, ref, codec.unpack_header(buf) if ok else None
+            except (OSError, RecordError):
+                yield ikey, ref, None
+
+    def pages_by_key_id(self) -> list[dict[str, int]]:
+        """Per tier: indexed pages per sealing key id (hex), plaintext ones under "plaintext" (`lifeboat
+        stats` with encryption on). Reads each record's header; changes nothing."""
+        out = []
+        for tier in self.tiers:
+            counts: dict[str, int] = {}
+            for _, _, h in self._headers(tier):
+                name = "unreadable" if h is None else key_id_text(h.key_id) if h.sealed else "plaintext"
+                counts[name] = counts.get(name, 0) + 1
+            out.append(dict(sorted(counts.items())))
+        return out
+
+    def drop_unreadable(self) -> int:
+        """Drop (quarantine) every record none of the configured keys opens: sealed with a key no
+        longer configured (rotated out, shredded), or plaintext while sealed records are required.
+        Their bytes leave at this gc's compaction. Only with encryption on and
+        `encryption.gc_drops_unreadable` (the config must list every key in use in the store).
+        Returns the number of records dropped."""
+        enc = self.settings.encryption
+        if not self.sealer.active or not enc.gc_drops_unreadable:
+            return 0
+        every = self.sealer.keyring.every  # type: ignore[union-attr]
+        plain_ok = not self.sealer.require_sealed
+        dropped = self.drop_records(lambda h: (UNKNOWN_KEY if h.sealed and h.key_id not in every else
+                                               None if h.sealed or plain_ok else UNSEALED))
+        if dropped:
+            self.counters.add("gc_dropped_unreadable", dropped)
+            log.warning("lifeboat: gc dropped %d record(s) no configured key opens", dropped)
+        return dropped
+
+    def drop_records(self, why: Callable[[codec.Header], str | None]) -> int:
+        """Drop (quarantine: never served or rediscovered; bytes removed by gc) every indexed record
+        whose header `why` gives a reason for. `lifeboat purge --key-id` (crypto-shredding) and gc use
+        it. Returns the number dropped."""
+        dropped = 0
+        for tier in self.tiers:
+            for ikey, ref, h in self._headers(tier):
+                reason = None if h is None else why(h)
+                if reason is not None:
+                    tier.forget(ikey, ref, reason)
+                    dropped += 1
+        return dropped
 
     def flush(self) -> None:
         """Write out what is buffered: queued background copies first, then each tier."""

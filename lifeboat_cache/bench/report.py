@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-PLOTS = ("ceilings", "sglang_vs_file", "index_scale", "compression", "s3", "mlx")
+PLOTS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "s3", "mlx")
 
 
 def _ok(sec: Any) -> bool:
@@ -97,6 +97,7 @@ def tables(res: dict[str, Any]) -> str:
                 f"| {cp['lifeboat']['cold_read']['median']:.2f} / {cp['file']['cold_read']['median']:.2f} |")
     else:
         out.append(_status(s))
+    out += sealing_table(res["sections"].get("sealing"))
     ix = res["sections"].get("index_scale")
     out += ["", "### Index scaling", ""]
     rows = _rows(ix)
@@ -157,6 +158,38 @@ def tables(res: dict[str, Any]) -> str:
     else:
         out.append(_status(ml))
     return "\n".join(out) + "\n"
+
+
+def sealing_table(se: Any) -> list[str]:
+    """Sealed / unsealed: the per-core primitives, then through SGLang's factory on the host pool."""
+    out = ["", "### Sealed records (`encryption:` on) vs unsealed (ratio sealed / unsealed, same rep)", ""]
+    if not _ok(se):
+        return out + [_status(se)]
+    out += ["One core, the store's record build / open (`Sealer`), GB of page per CPU-second:", "",
+            "| pages | unsealed build / open | sealed build / open | ratio build / open |", "|---|---|---|---|"]
+    for name, row in se["primitives"].items():
+        if name == "aes_gcm":
+            continue
+        out.append(f"| {name} | {_spread(row['plain']['build_cpu_gb_s'])} / {_spread(row['plain']['open_cpu_gb_s'])} "
+                   f"| {_spread(row['sealed']['build_cpu_gb_s'])} / {_spread(row['sealed']['open_cpu_gb_s'])} "
+                   f"| {row['write_ratio']:.2f}x / {row['read_ratio']:.2f}x |")
+    a = se["primitives"]["aes_gcm"]
+    out += ["", f"AES-256-GCM alone (cryptography, OpenSSL), one core, 8 MiB buffers: seal "
+                f"{a['seal_cpu_gb_s']:.2f} GB/s, open {a['open_cpu_gb_s']:.2f} GB/s per CPU-second.", "",
+            "Through SGLang 0.5.23's StorageBackendFactory + HybridCacheController over one MHA host pool, "
+            f"LifeboatCache's default settings, torch threads pinned to {se['torch_threads']}:", "",
+            "| shape | layout | data | pages x MiB | write | cold read | warm read | sealed GB/s w / cold / warm "
+            "| unsealed GB/s w / cold / warm | CPU s/GB write: sealed / unsealed | CPU s/GB cold read: "
+            "sealed / unsealed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in se["cases"]:
+        g, cp = x["gb_s"], x["cpu_s_per_gb"]
+        out.append(
+            f"| {x['shape']} | {x['layout']} | {x['kind']} | {x['pages']} x {x['page_bytes'] / 2**20:.2f} "
+            f"| {_spread(x['ratio']['write'])}x | {_spread(x['ratio']['cold_read'])}x "
+            f"| {_spread(x['ratio']['warm_read'])}x | {_three(g['sealed'])} | {_three(g['unsealed'])} "
+            f"| {cp['sealed']['write']['median']:.2f} / {cp['unsealed']['write']['median']:.2f} "
+            f"| {cp['sealed']['cold_read']['median']:.2f} / {cp['unsealed']['cold_read']['median']:.2f} |")
+    return out
 
 
 def _three(g: dict[str, Any]) -> str:
@@ -253,6 +286,15 @@ def _plot_sglang_vs_file(ax: Any, s: dict[str, Any]) -> None:
     _bars(ax, labels, series, "LifeboatCache / file")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axhline(2.0, color="grey", lw=0.8, ls="--")
+
+
+def _plot_sealing(ax: Any, se: dict[str, Any]) -> None:
+    labels = [f"{x['shape']} {x['layout']}" for x in se["cases"]]
+    series = {p.replace("_", " "): [_mmm(x["ratio"][p]) for x in se["cases"]]
+              for p in ("write", "cold_read", "warm_read")}
+    _bars(ax, labels, series, "sealed / unsealed")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axhline(0.85, color="grey", lw=0.8, ls="--")
 
 
 def _plot_index_scale(ax: Any, ix: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ def _section(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_all(out: Path, work: Path, sizes: Sizes, quick: bool, only: list[str]) -> dict[str, Any]:
-    from . import ceilings, compression, mlx, realkv, s3, sglang_vs_file
+    from . import ceilings, compression, mlx, realkv, s3, sealing, sglang_vs_file
     from .adapters import call_run
 
     t0 = time.perf_counter()
@@ -43,13 +43,14 @@ def run_all(out: Path, work: Path, sizes: Sizes, quick: bool, only: list[str]) -
         return {"tokens": sizes.realkv_tokens, "bytes": int(kv["bytes"].nbytes),
                 "source": "SmolLM2-135M-Instruct K/V on the demo texts, bf16"}
 
-    if {"ceilings", "sglang_vs_file", "compression"} & set(only):
+    if {"ceilings", "sglang_vs_file", "sealing", "compression"} & set(only):
         res["real_kv"] = _section("real_kv", real)
     sample = kv.get("bytes")
     plan: dict[str, Callable[[], dict[str, Any]]] = {
         "ceilings": lambda: ceilings.run(work, sizes, sample),
         "sglang_vs_file": lambda: sglang_vs_file.run(
             work, sizes if sample is not None else _no_real(sizes), sample),
+        "sealing": lambda: sealing.run(work, sizes, sample),
         "index_scale": lambda: call_run("lifeboat_cache.bench.index_scale", work=work, root=work, quick=quick,
                                         sizes=[int(x) for x in sizes.index_pages.split(",")],
                                         pages=[int(x) for x in sizes.index_pages.split(",")]),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-SECTIONS = ("ceilings", "sglang_vs_file", "index_scale", "compression", "s3", "mlx")  # in run order
+SECTIONS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "s3", "mlx")  # in run order
 
 
 @dataclass(frozen=True)

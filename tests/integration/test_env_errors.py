@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lifeboat_cache import statsfile
-from lifeboat_cache.config import ConfigError, find_config_file, load_settings
+from lifeboat_cache.config import ConfigError, find_config_file, load_settings, parse_key_file_env
 from lifeboat_cache.integrations import sglang_launch_rules as rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +50,7 @@ BAD = {
     "LIFEBOAT_STATS_INTERVAL_S": (statsfile.parse_interval, "abc"),
     "LIFEBOAT_BLAS_PRELOAD": (_blas, "/nonexistent/libblas.so.3"),
     "LIFEBOAT_LOG_LEVEL": (_log_level, "loud"),
+    "LIFEBOAT_KEY_FILE": (parse_key_file_env, "/nonexistent/seal.key"),
 }
 
 

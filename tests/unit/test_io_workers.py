@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
+
 from lifeboat_cache.io_workers import Gate, IoWorkers
 from lifeboat_cache.metrics import Counters
 
@@ -44,3 +46,21 @@ def test_gate_closes_pending_slots_and_reports_those_inside() -> None:
     assert not g.enter(2)  # a late task never touches the caller's buffer
     g.leave(1)
     assert g.inside() == []
+
+
+def test_task_arena_slices_never_overlap_within_a_task_and_are_reused_by_the_next_task() -> None:
+    from lifeboat_cache.io_workers import TaskArena
+
+    a, b = TaskArena(), TaskArena()  # two stores: their tasks share the free buffers
+    with a.task():
+        x, y = a.take(1000), a.take(3 << 20)  # the second one outgrows the first buffer: a new one
+        x[:] = 1
+        y[:] = 2
+        assert (x == 1).all() and (y == 2).all()
+    with b.task():
+        z = b.take(3 << 20)
+        assert np.shares_memory(z, y)  # the next task reuses the buffer: no fresh page faults
+        big = b.take(TaskArena.MAX_BYTES + 1)  # past the bound: a one-off buffer, not kept
+        assert not np.shares_memory(big, z)
+    outside = a.take(100)  # outside a task: a one-off buffer
+    assert outside.nbytes == 100

@@ -68,7 +68,11 @@ def test_reason_tables() -> None:
            "miss_cooldown": 2, "writes_dropped_cooldown": 4, "copy_dropped": 5, "pages_read": 20,
            "hits_tier1": 6}
     assert metrics.misses_by_reason(raw) == {"stale": 1, "corrupt": 3, "foreign": 1, "cooldown": 2,
-                                             "deadline": 0, "absent": 3}
+                                             "deadline": 0, "unsealed": 0, "key": 0, "auth": 0, "absent": 3}
+    sealed = {"read_misses": 4, "miss_unsealed": 1, "miss_sealed_unknown_key": 1, "miss_sealed_no_key": 1,
+              "miss_sealed_auth": 1}
+    assert metrics.misses_by_reason(sealed) == {"stale": 0, "corrupt": 0, "foreign": 0, "cooldown": 0, "deadline": 0,
+                                                "unsealed": 1, "key": 2, "auth": 1, "absent": 0}
     drops = metrics.drops_by_reason(raw)
     assert drops["cooldown"] == 4 and drops["copy_queue_full"] == 5 and drops["io_error"] == 0
     assert metrics.hits_by_tier(raw, 2) == [14, 6]

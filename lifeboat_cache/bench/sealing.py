@@ -1,0 +1,176 @@
+"""What sealing costs: sealed vs unsealed LifeboatCache through SGLang's factory on a real host pool,
+and AES-256-GCM seal / open per core.
+
+primitives  one core, the record as the store builds and opens it (`Sealer.build` / `decode_into`),
+            raw pages (the local tier's default) and compressed ones, against the unsealed codec in the
+            same loop: GB of page per CPU-second, so the ratio is the CPU cost of sealing alone.
+sglang      the sglang_vs_file harness (SGLang 0.5.23's StorageBackendFactory + HybridCacheController
+            over one MHATokenToKVPoolHost, LifeboatCache's default settings) with two contenders:
+            `unsealed` and `sealed` (the same settings plus `encryption: {keys: [a key file]}`),
+            interleaved reps with the order rotated, write (including close), cold read (page cache
+            dropped and checked) and warm read; GB/s, CPU s/GB, and the per-rep ratio sealed / unsealed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .common import Series, drop_page_cache, log, timed
+from .sizes import Sizes, names
+
+SIDES = ("unsealed", "sealed")
+PHASES = ("write", "cold_read", "warm_read")
+
+
+def _pages(sample: np.ndarray | None, page_bytes: int, n: int) -> list[np.ndarray]:
+    """n pages of real KV bytes (tiled from the sample) or random bf16 bits."""
+    rng = np.random.default_rng(7)
+    if sample is None:
+        return [rng.integers(0, 256, page_bytes, dtype=np.uint8) for _ in range(n)]
+    src = np.tile(np.ascontiguousarray(sample).reshape(-1).view(np.uint8), -(-page_bytes * 2 // sample.nbytes) + 1)
+    starts = [2 * int(rng.integers(0, page_bytes // 2)) for _ in range(n)]
+    return [np.ascontiguousarray(src[o: o + page_bytes]) for o in starts]
+
+
+def primitives(key_path: Path, sizes: Sizes, sample: np.ndarray | None) -> dict[str, Any]:
+    """Seal / open GB per CPU-second of one core, raw and compressed, sealed vs the plain codec."""
+    from .. import codec
+    from ..config import EncryptionSettings
+    from ..sealing import Sealer, sealer_for
+
+    sealed, plain = sealer_for(EncryptionSettings(keys=(key_path,))), Sealer()
+    out: dict[str, Any] = {}
+    for label, page_bytes in (("768KiB", 768 << 10), ("8MiB", 8 << 20)):
+        n = max(2, (sizes.ceiling_mib << 20) // page_bytes)
+        pages = _pages(sample, page_bytes, n)
+        dst = np.empty(page_bytes, np.uint8)
+        for compress in (False, True):
+            row: dict[str, Any] = {}
+            for name, s in (("plain", plain), ("sealed", sealed)):
+                enc, dec = Series(), Series()
+                for _ in range(sizes.reps):
+                    t = time.process_time()
+                    for p in pages:  # each record dropped after its build, as after the store's write
+                        s.build(p, itemsize=2, dtype=codec.DTYPE_CODES["bf16"], digest=bytes(16),
+                                namespace=bytes(16), compress=compress)
+                    enc.add(n * page_bytes / max(time.process_time() - t, 1e-9) / 1e9)
+                    recs = [s.build(p, itemsize=2, dtype=codec.DTYPE_CODES["bf16"], digest=bytes(16),
+                                    namespace=bytes(16), compress=compress) for p in pages]
+                    blobs = [(codec.unpack_header(h), memoryview(b"".join(bytes(memoryview(x)) for x in parts)))
+                             for h, parts, _ in recs]
+                    t = time.process_time()
+                    for h, payload in blobs:
+                        codec.check_record(h, payload, h.digest, h.namespace)
+                        s.decode_into(h, payload, [dst])
+                    dec.add(n * page_bytes / max(time.process_time() - t, 1e-9) / 1e9)
+                row[name] = {"build_cpu_gb_s": enc.summary(), "open_cpu_gb_s": dec.summary()}
+            row["write_ratio"] = row["sealed"]["build_cpu_gb_s"]["median"] / row["plain"]["build_cpu_gb_s"]["median"]
+            row["read_ratio"] = row["sealed"]["open_cpu_gb_s"]["median"] / row["plain"]["open_cpu_gb_s"]["median"]
+            out[f"{label} {'compressed' if compress else 'raw'}"] = row
+    # AES-256-GCM alone (cryptography / OpenSSL), one 8 MiB buffer: the floor under the sealed rows
+    key = sealed.keyring.sealing.aead  # type: ignore[union-attr]
+    buf = _pages(sample, 8 << 20, 1)[0]
+    ct = np.empty(buf.nbytes + 16, np.uint8)
+    reps = max(2, (sizes.ceiling_mib << 20) // buf.nbytes)
+    t = time.process_time()
+    for i in range(reps):
+        key.encrypt_into(i.to_bytes(12, "little"), buf, b"", ct)
+    seal = reps * buf.nbytes / max(time.process_time() - t, 1e-9) / 1e9
+    t = time.process_time()
+    for _ in range(reps):
+        key.decrypt_into((reps - 1).to_bytes(12, "little"), ct, b"", buf)
+    open_ = reps * buf.nbytes / max(time.process_time() - t, 1e-9) / 1e9
+    out["aes_gcm"] = {"seal_cpu_gb_s": seal, "open_cpu_gb_s": open_}
+    return out
+
+
+def run_case(root: Path, key_path: Path, shape: str, layout: str, kind: str, sizes: Sizes,
+             realkv: np.ndarray | None) -> dict[str, Any]:
+    from .sglang_vs_file import BACKEND, PAGE_TOKENS, SHAPES, Controller, _settle, fill, page_bytes_of, pools
+
+    layers, heads, dim = SHAPES[shape]
+    page_bytes = 2 * layers * heads * dim * 2 * PAGE_TOKENS
+    n_pages = max(1, (sizes.case_mib << 20) // page_bytes)
+    batch = min(sizes.batch_pages, n_pages)
+    n_batches = math.ceil(n_pages / batch)
+    n_pages = n_batches * batch
+    dev, host = pools(layout, layers, heads, dim, 2 * batch * PAGE_TOKENS)
+    src, dst = host.alloc(batch * PAGE_TOKENS), host.alloc(batch * PAGE_TOKENS)
+    fill(host, src, kind, realkv, seed=hash((shape, layout, kind, "seal")) & 0xFFFF)
+    expect = page_bytes_of(host, int(src[(batch - 1) * PAGE_TOKENS]))
+    total = n_pages * page_bytes
+    gbs = {(s, p): Series() for s in SIDES for p in PHASES}
+    cpu = {(s, p): Series() for s in SIDES for p in PHASES}
+    ratio = {p: Series() for p in PHASES}
+    resident: list[int] = []
+
+    def attach(side: str, path: Path) -> Controller:
+        extra: dict[str, Any] = {**BACKEND, "storage": [{"type": "local", "path": str(path)}]}
+        if side == "sealed":
+            extra["encryption"] = {"keys": [str(key_path)]}
+        ctl = Controller(dev, host, "dynamic", extra)
+        ctl.backend.store.wait_rebuilt()
+        return ctl
+
+    for rep in range(sizes.reps):
+        order = SIDES[rep % 2:] + SIDES[: rep % 2]
+        keys = [[hashlib.sha256(f"seal/{shape}/{layout}/{kind}/{rep}/{b}/{i}".encode()).hexdigest()
+                 for i in range(batch)] for b in range(n_batches)]
+        this: dict[tuple[str, str], float] = {}
+        for side in order:
+            path = root / f"{shape}-{layout}-{kind}-r{rep}" / side
+            path.mkdir(parents=True)
+            ctl = attach(side, path)
+            _settle()
+            w, _ = timed(lambda: (ctl.write(keys, src), ctl.close_backend()))
+            ctl.detach()
+            resident.append(drop_page_cache(path))
+            ctl = attach(side, path)
+            _settle()
+            c, _ = timed(lambda: ctl.read(keys, dst))
+            if page_bytes_of(host, int(dst[(batch - 1) * PAGE_TOKENS])) != expect:
+                raise RuntimeError(f"{side}: the bytes read back differ from the bytes written")
+            r, _ = timed(lambda: ctl.read(keys, dst))
+            ctl.detach()
+            for phase, ph in zip(PHASES, (w, c, r)):
+                this[(side, phase)] = total / ph.wall_s / 1e9
+                gbs[(side, phase)].add(this[(side, phase)])
+                cpu[(side, phase)].add(ph.cpu_s / (total / 1e9))
+            shutil.rmtree(path)
+        for p in PHASES:
+            ratio[p].add(this[("sealed", p)] / this[("unsealed", p)])
+    return {
+        "shape": shape, "layout": layout, "kind": kind, "page_bytes": page_bytes, "pages": n_pages,
+        "reps": sizes.reps, "resident_pages_before_cold_read": resident,
+        "gb_s": {s: {p: gbs[(s, p)].summary() for p in PHASES} for s in SIDES},
+        "cpu_s_per_gb": {s: {p: cpu[(s, p)].summary() for p in PHASES} for s in SIDES},
+        "ratio": {p: ratio[p].summary() for p in PHASES},
+    }
+
+
+def run(work: Path, sizes: Sizes, realkv: np.ndarray | None) -> dict[str, Any]:
+    from ..sealing import write_key_file
+    from .common import pin_torch_threads
+
+    work.mkdir(parents=True, exist_ok=True)
+    key_path = work / "bench-seal.key"
+    if key_path.exists():
+        key_path.unlink()
+    write_key_file(key_path)
+    res: dict[str, Any] = {"primitives": primitives(key_path, sizes, realkv)}
+    res["torch_threads"] = pin_torch_threads(sizes.torch_threads)
+    kind = "real" if realkv is not None else "random"
+    cases = []
+    for shape in names(sizes.shapes):
+        for layout in names(sizes.layouts):
+            log.info("sealing: %s %s %s", shape, layout, kind)
+            cases.append(run_case(work / "sealing", key_path, shape, layout, kind, sizes, realkv))
+    res["cases"] = cases
+    return res
