@@ -28,6 +28,10 @@ restored request), all with the same flags except the storage backend:
                    left to keep, and SGLang's drain on SIGTERM costs ~10 s a server here).
   file restore     the same on the `file` directory.
 Prompt sizes use distinct salts, so no two prompts share a page; each size is timed once per server.
+One server at a time: SGLang refuses a host pool unless 10 GiB plus the pool stay available
+(`pool_host/base.py`, HICACHE_HOST_MEMORY_RESERVE_BYTES), and two of these servers next to other work do
+not fit a 24 GiB VM. So the contenders' restores are minutes apart: each server's first request (a fresh
+prompt, recomputed) is in the results as a gauge of the load it met.
 """
 
 from __future__ import annotations
@@ -162,7 +166,7 @@ def one_server(plan: Plan, backend: str, tag: str, *, store: bool) -> dict[str, 
     """Start, first request, the prompts (cold when `store`, restored otherwise); a storing server waits for
     its backups to settle and gets SIGTERM, a restoring one SIGKILL. A failure kills it (no drain wait)."""
     srv = plan.server(backend, tag)
-    out: dict[str, Any] = {"backend": backend, "log": str(srv.log_path)}
+    out: dict[str, Any] = {"backend": backend, "log": str(srv.log_path), "load_avg_at_start": os.getloadavg()[0]}
     try:
         srv.start()
         out["start_s"] = srv.ready_s
