@@ -54,6 +54,7 @@ SETTLE_S = 2.0  # backups count as done when the written pages hold still this l
 SETTLE_TIMEOUT_S = 300.0
 REBUILD_LINE = re.compile(r"index rebuilt: (\d+) pages in (\d+) ms")
 LIFEBOAT_LOG = re.compile(r"lifeboat: .*(store open|snapshot|index rebuilt)")
+PREFETCH_LOG = re.compile(r"HiCache prefetch|[Pp]refetch.*(timeout|timed out|abort|terminat|fail)|lifeboat: ")
 FILLER_MODEL = "lifeboat-bench-filler"  # the filler pages' model id: a namespace the server never asks for
 
 
@@ -205,7 +206,7 @@ def one_server(plan: Plan, backend: str, tag: str, *, store: bool) -> dict[str, 
             out["settle_s"] = time.monotonic() - t
         else:
             out["prefetch_log"] = [ln for ln in srv.log_path.read_text(errors="replace").splitlines()
-                                   if "prefetch" in ln.lower() or "lifeboat:" in ln][-12:]
+                                   if PREFETCH_LOG.search(ln)][-12:]
         t = time.monotonic()
         if store:  # a clean stop, as a service manager does: what the next server reads was written before it
             out["stop_rc"] = srv.stop()

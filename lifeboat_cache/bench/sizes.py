@@ -1,6 +1,7 @@
 """Which sections there are and how big each runs: the full preset (fits ~15 minutes on a 2-core
-machine), the quick preset (CI: the whole harness end to end in well under 2 minutes), and
-`--size key=value` overrides."""
+machine; the server section adds ~7 minutes), the quick preset (CI: the whole harness end to end; all
+sections but `server` in well under 2 minutes, `server` starts four SGLang CPU servers, 30-50 s each on a
+loaded 2-core VM), and `--size key=value` overrides."""
 
 from __future__ import annotations
 
