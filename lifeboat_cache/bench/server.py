@@ -209,7 +209,7 @@ def one_server(plan: Plan, backend: str, tag: str, *, store: bool) -> dict[str, 
             out["settle_s"] = time.monotonic() - t
         else:
             out["prefetch_log"] = [ln for ln in srv.log_path.read_text(errors="replace").splitlines()
-                                   if PREFETCH_LOG.search(ln)][-12:]
+                                   if PREFETCH_LOG.search(ln) and "server_args=" not in ln][-12:]
         t = time.monotonic()
         if store:  # a clean stop, as a service manager does: what the next server reads was written before it
             out["stop_rc"] = srv.stop()
