@@ -174,9 +174,10 @@ def server_tables(sv: Any) -> list[str]:
     if not _ok(sv):
         return out + [_status(sv)]
     st = sv["start"]
+    load = {k: " / ".join(map(str, v)) for k, v in sv["load_avg"].items()}
     out += [f"{sv['model']}, `python -m sglang.launch_server {sv['flags']}` + HiCache (`--hicache-storage-backend "
-            f"dynamic` LifeboatCache / `file`), {sv['cores']} cores, load {' / '.join(map(str, sv['load_avg']['start']))}"
-            f" at start, {' / '.join(map(str, sv['load_avg']['end']))} at end. One wall-time `/generate` with "
+            f"dynamic` LifeboatCache / `file`), {sv['cores']} cores, load {load['start']} at start, {load['end']} "
+            "at end. One wall-time `/generate` with "
             "max_new_tokens=1 per cell, each on a fresh server process after one warm-up request: recomputed on an "
             "empty store; restored after the prompts' backups settled, SIGTERM, page cache of the store dropped "
             f"(resident before: {sv['resident_pages_before_restore']}), a new server on the same store. Speedup = "

@@ -241,8 +241,8 @@ def one_server(plan: Plan, backend: str, tag: str, *, store: bool) -> dict[str, 
             pages = whole_pages(plan.first_tokens) + sum(whole_pages(n) for n in plan.tokens)
             t = time.monotonic()
             if backend == "lifeboat":
-                out["pages_stored"] = srv.wait_metric("lifeboat_pages_written_total", pages, settle_s=STATS_SETTLE_S,
-                                                      timeout=SETTLE_TIMEOUT_S)
+                out["pages_stored"] = srv.wait_metric("lifeboat_pages_written_total", pages,
+                                                      settle_s=STATS_SETTLE_S, timeout=SETTLE_TIMEOUT_S)
             else:
                 out["pages_stored"] = wait_files(plan.dirs["file"], pages)
             out["settle_s"] = time.monotonic() - t
