@@ -1,7 +1,7 @@
 """`lifeboat bench`: every performance figure of LifeboatCache, measured in one run on this machine.
 
 One module per section (ceilings, sglang_vs_file, sealing, index_scale via adapters, compression, s3,
-mlx);
+mlx, server: a real SGLang CPU server restarted on each store);
 `runner` runs them in order and `report` prints the table, writes results.json / results.md and draws the
 PNG plots. Every figure is a ratio against something measured in the same run, or an absolute labelled
 with the machine. This package is imported only by the `bench` subcommand (torch, SGLang, MLX, moto and
@@ -19,7 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """The `bench` subcommand's arguments (cli.py calls this)."""
     p = sub.add_parser("bench", help="measure everything in one run: table, results.json, PNG plots")
     p.add_argument("--out", default="bench-results", help="results folder (default: bench-results/)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, end to end in well under 2 minutes (CI)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, end to end (CI): a few minutes, most of it "
+                                                     "the server section's four SGLang starts")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of: {', '.join(SECTIONS)}")
     p.add_argument("--size", action="append", default=[], metavar="KEY=VALUE",
                    help="override one size of the preset, e.g. --size reps=5 --size case_mib=512 "

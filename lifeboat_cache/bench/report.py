@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-PLOTS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "s3", "mlx")
+PLOTS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "s3", "mlx", "server")
 
 
 def _ok(sec: Any) -> bool:
@@ -157,6 +157,7 @@ def tables(res: dict[str, Any]) -> str:
                        f"| {p['tokens_identical']} |")
     else:
         out.append(_status(ml))
+    out += server_tables(res["sections"].get("server"))
     return "\n".join(out) + "\n"
 
 
@@ -189,6 +190,52 @@ def sealing_table(se: Any) -> list[str]:
             f"| {_spread(x['ratio']['warm_read'])}x | {_three(g['sealed'])} | {_three(g['unsealed'])} "
             f"| {cp['sealed']['write']['median']:.2f} / {cp['unsealed']['write']['median']:.2f} "
             f"| {cp['sealed']['cold_read']['median']:.2f} / {cp['unsealed']['cold_read']['median']:.2f} |")
+
+
+def _ms(s: Any) -> str:
+    return "n/a" if s is None else f"{s * 1e3:,.0f} ms"
+
+
+def _x(r: Any) -> str:
+    return "n/a" if r is None else f"{r:.2f}x"
+
+
+def server_tables(sv: Any) -> list[str]:
+    """The `server` section: time to first token of a returning prompt, and the start times."""
+    out = ["", "### SGLang server on CPU: time to first token of a returning prompt, after a restart", ""]
+    if not _ok(sv):
+        return out + [_status(sv)]
+    st = sv["start"]
+    load = {k: " / ".join(map(str, v)) for k, v in sv["load_avg"].items()}
+    out += [f"{sv['model']}, `python -m sglang.launch_server {sv['flags']}` + HiCache (`--hicache-storage-backend "
+            f"dynamic` LifeboatCache / `file`), {sv['cores']} cores, load {load['start']} at start, {load['end']} "
+            "at end. One wall-time `/generate` with "
+            "max_new_tokens=1 per cell, each on a fresh server process after one warm-up request: recomputed on an "
+            "empty store; restored after the prompts' backups settled, SIGTERM, page cache of the store dropped "
+            f"(resident before: {sv['resident_pages_before_restore']}), a new server on the same store. Speedup = "
+            "recomputed / restored; LifeboatCache vs file = file's time / LifeboatCache's (same run). Same tokens: "
+            f"first token and {sv['check_tokens']} greedy tokens identical to the cold run.", "",
+            "| prompt tokens | recomputed | restored: LifeboatCache | restored: file | speedup LifeboatCache "
+            "| speedup file | LifeboatCache vs file | storage tokens LifeboatCache / file (of restorable) "
+            "| same tokens LifeboatCache / file |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in sv["prompts"]:
+        out.append(f"| {p['tokens']:,} | {_ms(p['recompute_s'])} | {_ms(p['lifeboat_restored_s'])} "
+                   f"| {_ms(p['file_restored_s'])} | {_x(p['lifeboat_speedup'])} | {_x(p['file_speedup'])} "
+                   f"| {_x(p['lifeboat_vs_file'])} | {p['lifeboat_storage_tokens']:,} / {p['file_storage_tokens']:,} "
+                   f"({p['restorable_tokens']:,}) | {p['lifeboat_tokens_identical']} / {p['file_tokens_identical']} |")
+    rb = st.get("index_rebuild") or {}
+    rebuild = f"{rb['pages']:,} pages in {rb['ms']:,} ms" if rb else "no log line"
+    f = st["filler"]
+    out += ["", f"Server start (launch to `/health` 200) and its first request ({st['first_request_tokens']:,} "
+            "fresh tokens, right after ready: recomputed; on the big store while its index rebuild may still run). "
+            f"Big store: the prompts' pages plus {f['pages']:,} filler pages of {f['page_kib']} KiB under another "
+            "model id, index snapshot removed (a full scan, as after a crash).", "",
+            "| server | start | first request | index rebuild (server log) |", "|---|---|---|---|",
+            f"| LifeboatCache, empty store | {st['empty_store_s']:.1f} s | {_ms(st['first_request_empty_s'])} | - |",
+            f"| LifeboatCache, {f['pages']:,}-page store | {st['big_store_s']:.1f} s "
+            f"| {_ms(st['first_request_big_s'])} ({_x(st['first_request_big_vs_empty'])} of empty) | {rebuild} |",
+            f"| file, empty directory | {st['file_empty_s']:.1f} s | {_ms(st['file_first_request_s'][0])} | - |",
+            f"| file, the prompts' pages | {st['file_stored_s']:.1f} s | {_ms(st['file_first_request_s'][1])} | - |"]
     return out
 
 
@@ -356,6 +403,16 @@ def _plot_mlx(ax: Any, ml: dict[str, Any]) -> None:
     ax.set_xlabel("prompt tokens")
     ax.set_ylabel("time to first token, ms")
     ax.legend(fontsize=7)
+
+
+def _plot_server(ax: Any, sv: dict[str, Any]) -> None:
+    labels = [f"{p['tokens']} tokens" for p in sv["prompts"]]
+
+    def one(k: str) -> list[tuple[float, float, float]]:
+        return [(p[k] or 0.0,) * 3 for p in sv["prompts"]]
+
+    _bars(ax, labels, {"recomputed": one("recompute_s"), "restored: LifeboatCache": one("lifeboat_restored_s"),
+                       "restored: file": one("file_restored_s")}, "time to first token, s")
 
 
 def write(res: dict[str, Any], out: Path) -> tuple[str, list[Path]]:

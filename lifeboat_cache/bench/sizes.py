@@ -1,12 +1,14 @@
 """Which sections there are and how big each runs: the full preset (fits ~15 minutes on a 2-core
-machine), the quick preset (CI: the whole harness end to end in well under 2 minutes), and
-`--size key=value` overrides."""
+machine; the server section adds ~7 minutes), the quick preset (CI: the whole harness end to end; all
+sections but `server` in well under 2 minutes, `server` starts four SGLang CPU servers, 30-50 s each on a
+loaded 2-core VM), and `--size key=value` overrides."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-SECTIONS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "s3", "mlx")  # in run order
+SECTIONS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "s3", "mlx",
+            "server")  # in run order
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,19 @@ class Sizes:
     shapes: str = "small,8b"
     layouts: str = "page_first,layer_first"
     kinds: str = "real,random"
+    # a real SGLang CPU server: returning prompts (SmolLM2 holds 8,192, so 8K is 8,000 + 1 new token), the
+    # filler pages of the big-store start, and the greedy tokens compared with the cold run
+    server_tokens: str = "1024,4096,8000"
+    server_store_pages: int = 100_000
+    server_filler_kib: int = 4
+    server_check_tokens: int = 8
 
 
 QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, realkv_tokens=64, index_pages="1000,10000",
               s3_pages=8, s3_page_kib=64, s3_io_workers=4, s3_latency_ms="0", mlx_tokens="128", mlx_new_tokens=2,
-              mlx_processes=1)
+              mlx_processes=1, server_tokens="512", server_store_pages=2000)
+# quick server prompt: 512, not 256 tokens: SGLang prefetches from storage only when at least its
+# prefetch threshold (256 tokens) is there, and a 256-token prompt leaves 192 restorable
 
 
 def make(quick: bool, overrides: list[str]) -> Sizes:

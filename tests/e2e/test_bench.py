@@ -1,7 +1,7 @@
 """`lifeboat bench --quick` end to end (what CI runs), plus the harness's own building blocks.
 
 The quick run drives every section for real (SGLang's factory and controller, MLX, a moto S3 server,
-real files): it asserts that each section ran and reported, that cold reads were really cold, and
+real files, real SGLang CPU servers restarted on each store): it asserts that each section ran and reported, that cold reads were really cold, and
 that the plots exist. It never asserts a speed: speed targets live in the benchmark's ratios.
 """
 
@@ -80,6 +80,11 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
     assert res["sections"]["s3"]["rebuild"]["status"] in {"ok", "not available"}  # lazy adapter
     m = res["sections"]["mlx"]["prompts"][0]
     assert m["tokens_identical"] and m["restored_cached_tokens"] == m["restorable_tokens"]
+    sv = res["sections"]["server"]
+    for p in sv["prompts"]:  # a fresh server after SIGTERM gets every whole page of the prompt from storage
+        assert p["lifeboat_storage_tokens"] == p["restorable_tokens"] > 0 and p["lifeboat_tokens_identical"], p
+    assert sv["resident_pages_before_restore"] == {"lifeboat": 0, "file": 0}  # restores read the disk
+    assert sv["start"]["index_rebuild"]["pages"] >= sv["start"]["store_pages"]  # the filler pages were scanned
     for name in PLOTS:
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
