@@ -1,5 +1,5 @@
 """A real SGLang 0.5.23 server on this machine's CPU (`python -m sglang.launch_server`, HiCache on, SmolLM2-135M
-bf16): time to first token of a returning prompt, recomputed vs restored after a restart from LifeboatCache
+float32): time to first token of a returning prompt, recomputed vs restored after a restart from LifeboatCache
 vs restored from SGLang's own `file` backend, and the server's start time on an empty store and on a big one.
 Both backends run with `--hicache-mem-layout layer_first --hicache-io-backend direct` (the only pair SGLang's
 CPU path can copy; SGLang's defaults, page_first / kernel, need its CUDA kernels and crash the `file` server)
@@ -175,7 +175,7 @@ class Plan:
         from ..demo.smollm2 import ensure_model
         from ..testing.sglang_server import FILE_BACKEND_DIR_ENV, cpu_flags, hicache_flags, prompt_ids
 
-        self.model = ensure_model(dtype="bfloat16", layout="hf")
+        self.model = ensure_model(dtype="float32", layout="hf")  # cpu_flags: --dtype float32
         self.tokens = ints(sizes.server_tokens)
         self.check_tokens = sizes.server_check_tokens
         self.prompts = {n: prompt_ids(self.model, n, salt=f"lifeboat bench server, prompt of {n} tokens")
@@ -307,7 +307,7 @@ def run(work: Path, sizes: Sizes) -> dict[str, Any]:
         servers[tag] = one_server(plan, backend, tag, store=False)
     a, b = servers["lifeboat_store"], servers["lifeboat_restore"]
     return {
-        "model": "SmolLM2-135M-Instruct, bf16, HF layout",
+        "model": "SmolLM2-135M-Instruct, float32, HF layout",
         "flags": " ".join(_shown(plan.base_flags)), "cores": os.cpu_count(),
         "load_avg": {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]},
         "check_tokens": plan.check_tokens, "page_tokens": PAGE_TOKENS,
