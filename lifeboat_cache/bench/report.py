@@ -190,6 +190,7 @@ def sealing_table(se: Any) -> list[str]:
             f"| {_spread(x['ratio']['warm_read'])}x | {_three(g['sealed'])} | {_three(g['unsealed'])} "
             f"| {cp['sealed']['write']['median']:.2f} / {cp['unsealed']['write']['median']:.2f} "
             f"| {cp['sealed']['cold_read']['median']:.2f} / {cp['unsealed']['cold_read']['median']:.2f} |")
+    return out
 
 
 def _ms(s: Any) -> str:

@@ -13,16 +13,13 @@ sglang      the sglang_vs_file harness (SGLang 0.5.23's StorageBackendFactory + 
 
 from __future__ import annotations
 
-import hashlib
-import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .common import Series, drop_page_cache, log, timed
+from .common import Series, log
 from .sizes import Sizes, names
 
 SIDES = ("unsealed", "sealed")
@@ -93,25 +90,9 @@ def primitives(key_path: Path, sizes: Sizes, sample: np.ndarray | None) -> dict[
 
 def run_case(root: Path, key_path: Path, shape: str, layout: str, kind: str, sizes: Sizes,
              realkv: np.ndarray | None) -> dict[str, Any]:
-    from .sglang_vs_file import BACKEND, PAGE_TOKENS, SHAPES, Controller, _settle, fill, page_bytes_of, pools
+    from .sglang_vs_file import BACKEND, Controller, compare_case
 
-    layers, heads, dim = SHAPES[shape]
-    page_bytes = 2 * layers * heads * dim * 2 * PAGE_TOKENS
-    n_pages = max(1, (sizes.case_mib << 20) // page_bytes)
-    batch = min(sizes.batch_pages, n_pages)
-    n_batches = math.ceil(n_pages / batch)
-    n_pages = n_batches * batch
-    dev, host = pools(layout, layers, heads, dim, 2 * batch * PAGE_TOKENS)
-    src, dst = host.alloc(batch * PAGE_TOKENS), host.alloc(batch * PAGE_TOKENS)
-    fill(host, src, kind, realkv, seed=hash((shape, layout, kind, "seal")) & 0xFFFF)
-    expect = page_bytes_of(host, int(src[(batch - 1) * PAGE_TOKENS]))
-    total = n_pages * page_bytes
-    gbs = {(s, p): Series() for s in SIDES for p in PHASES}
-    cpu = {(s, p): Series() for s in SIDES for p in PHASES}
-    ratio = {p: Series() for p in PHASES}
-    resident: list[int] = []
-
-    def attach(side: str, path: Path) -> Controller:
+    def attach(side: str, dev: Any, host: Any, path: Path) -> Controller:
         extra: dict[str, Any] = {**BACKEND, "storage": [{"type": "local", "path": str(path)}]}
         if side == "sealed":
             extra["encryption"] = {"keys": [str(key_path)]}
@@ -119,40 +100,7 @@ def run_case(root: Path, key_path: Path, shape: str, layout: str, kind: str, siz
         ctl.backend.store.wait_rebuilt()
         return ctl
 
-    for rep in range(sizes.reps):
-        order = SIDES[rep % 2:] + SIDES[: rep % 2]
-        keys = [[hashlib.sha256(f"seal/{shape}/{layout}/{kind}/{rep}/{b}/{i}".encode()).hexdigest()
-                 for i in range(batch)] for b in range(n_batches)]
-        this: dict[tuple[str, str], float] = {}
-        for side in order:
-            path = root / f"{shape}-{layout}-{kind}-r{rep}" / side
-            path.mkdir(parents=True)
-            ctl = attach(side, path)
-            _settle()
-            w, _ = timed(lambda: (ctl.write(keys, src), ctl.close_backend()))
-            ctl.detach()
-            resident.append(drop_page_cache(path))
-            ctl = attach(side, path)
-            _settle()
-            c, _ = timed(lambda: ctl.read(keys, dst))
-            if page_bytes_of(host, int(dst[(batch - 1) * PAGE_TOKENS])) != expect:
-                raise RuntimeError(f"{side}: the bytes read back differ from the bytes written")
-            r, _ = timed(lambda: ctl.read(keys, dst))
-            ctl.detach()
-            for phase, ph in zip(PHASES, (w, c, r)):
-                this[(side, phase)] = total / ph.wall_s / 1e9
-                gbs[(side, phase)].add(this[(side, phase)])
-                cpu[(side, phase)].add(ph.cpu_s / (total / 1e9))
-            shutil.rmtree(path)
-        for p in PHASES:
-            ratio[p].add(this[("sealed", p)] / this[("unsealed", p)])
-    return {
-        "shape": shape, "layout": layout, "kind": kind, "page_bytes": page_bytes, "pages": n_pages,
-        "reps": sizes.reps, "resident_pages_before_cold_read": resident,
-        "gb_s": {s: {p: gbs[(s, p)].summary() for p in PHASES} for s in SIDES},
-        "cpu_s_per_gb": {s: {p: cpu[(s, p)].summary() for p in PHASES} for s in SIDES},
-        "ratio": {p: ratio[p].summary() for p in PHASES},
-    }
+    return compare_case(root, shape, layout, kind, sizes, realkv, SIDES, attach, tag="seal", numerator="sealed")
 
 
 def run(work: Path, sizes: Sizes, realkv: np.ndarray | None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -168,6 +168,21 @@ def _settle() -> None:
 
 def run_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes,
              realkv: np.ndarray | None) -> dict[str, Any]:
+    """LifeboatCache vs SGLang's `file` on one shape / layout / data kind (ratio: lifeboat / file)."""
+    out = compare_case(root, shape, layout, kind, sizes, realkv, SIDES,
+                       lambda side, dev, host, path: attach(side, dev, host, path, sizes), tag="",
+                       numerator="lifeboat")
+    out["shape_label"] = SHAPE_LABELS[shape]
+    return out
+
+
+def compare_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes, realkv: np.ndarray | None,
+                 sides: tuple[str, str], attach_side: Callable[[str, Any, Any, Path], Controller],
+                 tag: str, numerator: str) -> dict[str, Any]:
+    """Two contenders over one real host pool, reps interleaved with their order rotated: write (with the
+    backend's close), cold read (page cache dropped and checked), warm read; GB/s, CPU s/GB and
+    `numerator / the other side` per phase. `attach_side(side, dev, host, path)` builds a side's controller;
+    `tag` keeps the keys and the fill seed of one caller apart from another's."""
     layers, heads, dim = SHAPES[shape]
     page_bytes = 2 * layers * heads * dim * 2 * PAGE_TOKENS
     n_pages = max(1, (sizes.case_mib << 20) // page_bytes)
@@ -176,22 +191,23 @@ def run_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes,
     n_pages = n_batches * batch
     dev, host = pools(layout, layers, heads, dim, 2 * batch * PAGE_TOKENS)
     src, dst = host.alloc(batch * PAGE_TOKENS), host.alloc(batch * PAGE_TOKENS)
-    fill(host, src, kind, realkv, seed=hash((shape, layout, kind)) & 0xFFFF)
+    fill(host, src, kind, realkv, seed=hash((shape, layout, kind) + ((tag,) if tag else ())) & 0xFFFF)
     expect = page_bytes_of(host, int(src[(batch - 1) * PAGE_TOKENS]))
     total = n_pages * page_bytes
-    gbs = {(s, p): Series() for s in SIDES for p in PHASES}
-    cpu = {(s, p): Series() for s in SIDES for p in PHASES}
+    gbs = {(s, p): Series() for s in sides for p in PHASES}
+    cpu = {(s, p): Series() for s in sides for p in PHASES}
     ratio = {p: Series() for p in PHASES}
     resident: list[int] = []
+    prefix = f"{tag}/" if tag else ""
     for rep in range(sizes.reps):
-        order = SIDES[rep % 2:] + SIDES[: rep % 2]
-        keys = [[hashlib.sha256(f"{shape}/{layout}/{kind}/{rep}/{b}/{i}".encode()).hexdigest()
+        order = sides[rep % 2:] + sides[: rep % 2]
+        keys = [[hashlib.sha256(f"{prefix}{shape}/{layout}/{kind}/{rep}/{b}/{i}".encode()).hexdigest()
                  for i in range(batch)] for b in range(n_batches)]
         this: dict[tuple[str, str], float] = {}
         for side in order:
             path = root / f"{shape}-{layout}-{kind}-r{rep}" / side
             path.mkdir(parents=True)
-            ctl = attach(side, dev, host, path, sizes)
+            ctl = attach_side(side, dev, host, path)
             _settle()
             w, _ = timed(lambda: (ctl.write(keys, src), ctl.close_backend()))
             ctl.detach()
@@ -199,7 +215,7 @@ def run_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes,
             resident.append(left)
             if left:
                 log.warning("%s: %d pages still resident before the cold read", path, left)
-            ctl = attach(side, dev, host, path, sizes)
+            ctl = attach_side(side, dev, host, path)
             _settle()
             c, _ = timed(lambda: ctl.read(keys, dst))
             if page_bytes_of(host, int(dst[(batch - 1) * PAGE_TOKENS])) != expect:
@@ -211,14 +227,15 @@ def run_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes,
                 gbs[(side, phase)].add(this[(side, phase)])
                 cpu[(side, phase)].add(ph.cpu_s / (total / 1e9))
             shutil.rmtree(path)
+        other = sides[1] if numerator == sides[0] else sides[0]
         for p in PHASES:
-            ratio[p].add(this[("lifeboat", p)] / this[("file", p)])
+            ratio[p].add(this[(numerator, p)] / this[(other, p)])
     return {
-        "shape": shape, "shape_label": SHAPE_LABELS[shape], "layout": layout, "kind": kind,
+        "shape": shape, "layout": layout, "kind": kind,
         "page_bytes": page_bytes, "pages": n_pages, "batch_pages": batch, "reps": sizes.reps,
         "resident_pages_before_cold_read": resident,
-        "gb_s": {s: {p: gbs[(s, p)].summary() for p in PHASES} for s in SIDES},
-        "cpu_s_per_gb": {s: {p: cpu[(s, p)].summary() for p in PHASES} for s in SIDES},
+        "gb_s": {s: {p: gbs[(s, p)].summary() for p in PHASES} for s in sides},
+        "cpu_s_per_gb": {s: {p: cpu[(s, p)].summary() for p in PHASES} for s in sides},
         "ratio": {p: ratio[p].summary() for p in PHASES},
     }
 
