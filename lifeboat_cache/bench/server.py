@@ -54,7 +54,7 @@ SETTLE_S = 2.0  # backups count as done when the written pages hold still this l
 SETTLE_TIMEOUT_S = 300.0
 STATS_SETTLE_S = 6.0  # lifeboat_* metrics are as fresh as the stats file: every 5 s by default
 REBUILD_LINE = re.compile(r"index rebuilt: (\d+) pages in (\d+) ms")
-LIFEBOAT_LOG = re.compile(r"lifeboat: .*(store open|snapshot|index rebuilt)")
+STORE_LOG_LINE = re.compile(r"lifeboat: .*(store open|snapshot|index rebuilt)")
 # SGLang 0.5.23 starts a HiCache host pool only while MemAvailable stays above its 10 GiB reserve plus the pool
 # (`pool_host/base.py`, HICACHE_HOST_MEMORY_RESERVE_BYTES); on a VM shared with other servers that is not always so
 HOST_RESERVE_BYTES = 10 * 2**30
@@ -228,7 +228,7 @@ def one_server(plan: Plan, backend: str, tag: str, *, store: bool) -> dict[str, 
             m = wait_log(srv.log_path, REBUILD_LINE)
             out["index_rebuild"] = {"pages": int(m.group(1)), "ms": int(m.group(2))} if m else None
             out["lifeboat_log"] = [ln for ln in srv.log_path.read_text(errors="replace").splitlines()
-                                   if LIFEBOAT_LOG.search(ln)][-6:]
+                                   if STORE_LOG_LINE.search(ln)][-6:]
         out["prompts"] = {}
         for n, ids in plan.prompts.items():
             timed = srv.generate(ids, 1)

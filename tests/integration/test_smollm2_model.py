@@ -102,11 +102,12 @@ def test_incomplete_directory_is_replaced(tmp_path: Path, monkeypatch: pytest.Mo
     (stale / smollm2.MARKER_FILE).write_text(json.dumps({"format_version": -1, "dtype": "float16"}))
     built_in: list[Path] = []
 
-    def fake_build(gguf: Path, out_dir: Path, *, dtype: str) -> None:
+    def fake_build(gguf: Path, out_dir: Path, *, dtype: str, layout: str = "mlx") -> None:
         built_in.append(out_dir)
         for name in smollm2._REQUIRED_FILES:
             (out_dir / name).write_text("x")
-        marker = {"format_version": smollm2.FORMAT_VERSION, "dtype": dtype, "gguf_size": gguf.stat().st_size}
+        marker = {"format_version": smollm2.FORMAT_VERSION, "dtype": dtype, "layout": layout,
+                  "gguf_size": gguf.stat().st_size}
         (out_dir / smollm2.MARKER_FILE).write_text(json.dumps(marker))
 
     monkeypatch.setattr(smollm2, "build_model_dir", fake_build)
@@ -123,3 +124,23 @@ def test_tensor_name_mapping() -> None:
     assert smollm2.mlx_name("token_embd") == "model.embed_tokens"
     with pytest.raises(ValueError):
         smollm2.mlx_name("blk.0.attn_qkv")
+
+
+def test_hf_rows_undo_llama_cpps_q_k_permutation() -> None:
+    """`layout="hf"` puts Q/K rows back in Hugging Face order: the inverse of llama.cpp's converter."""
+    import mlx.core as mx
+    import numpy as np
+
+    def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:  # convert_hf_to_gguf.py's permute
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((9 * 8, 5)), rng.standard_normal((3 * 8, 5)), rng.standard_normal((3 * 8, 5))
+    gguf_order = {"model.layers.0.self_attn.q_proj.weight": mx.array(llama_cpp_permute(q, 9)),
+                  "model.layers.0.self_attn.k_proj.weight": mx.array(llama_cpp_permute(k, 3)),
+                  "model.layers.0.self_attn.v_proj.weight": mx.array(v)}
+    hf = smollm2.to_hf_rows(gguf_order, heads=9, kv_heads=3)
+    assert np.array_equal(np.array(hf["model.layers.0.self_attn.q_proj.weight"]), q.astype(np.float32))
+    assert np.array_equal(np.array(hf["model.layers.0.self_attn.k_proj.weight"]), k.astype(np.float32))
+    assert np.array_equal(np.array(hf["model.layers.0.self_attn.v_proj.weight"]), v.astype(np.float32))
+    assert not np.array_equal(np.array(gguf_order["model.layers.0.self_attn.q_proj.weight"]), q.astype(np.float32))
