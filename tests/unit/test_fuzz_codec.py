@@ -52,6 +52,23 @@ def read_path(record: bytes, dst: np.ndarray | list[np.ndarray], digest: bytes =
     codec.decode_into(h.codec, payload, dst, itemsize)
 
 
+def judge_read(tally: Counter, read: Any, dst: np.ndarray, expected: np.ndarray, wrong: str) -> None:
+    """Run `read` (which fills `dst`) and count it: refused (RecordError), exact, or (raising) wrong / other."""
+    try:
+        read()
+    except RecordError:
+        tally["refused"] += 1
+        return
+    except Exception:
+        tally["other"] += 1
+        raise
+    if dst.tobytes() == expected.tobytes():
+        tally["exact"] += 1
+    else:
+        tally["wrong"] += 1
+        raise AssertionError(wrong)
+
+
 def _figure(capsys: Any, what: str, tally: Counter, accepted: str = "decoded byte-exact") -> None:
     with capsys.disabled():
         print(f"\n{what}: {sum(tally.values())} inputs: {tally['refused']} refused (RecordError), "
@@ -144,19 +161,7 @@ def test_fuzz_damaged_records_are_refused_or_exact(capsys, compress):
         cuts = sorted(data.draw(st.lists(st.integers(0, flat.nbytes), min_size=pieces_n - 1,
                                          max_size=pieces_n - 1)))
         target: np.ndarray | list[np.ndarray] = dst if pieces_n == 1 else np.split(dst, cuts)
-        try:
-            read_path(bad, target)
-        except RecordError:
-            tally["refused"] += 1
-            return
-        except Exception:
-            tally["other"] += 1
-            raise
-        if dst.tobytes() == flat.tobytes():
-            tally["exact"] += 1
-        else:
-            tally["wrong"] += 1
-            raise AssertionError("a damaged record decoded into a wrong page")
+        judge_read(tally, lambda: read_path(bad, target), dst, flat, "a damaged record decoded into a wrong page")
 
     run()
     _figure(capsys, f"damaged {'compressed' if compress else 'raw'} records", tally)
