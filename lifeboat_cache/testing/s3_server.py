@@ -13,7 +13,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,9 +21,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .child_process import LOOPBACK, detach_and_die_with_parent, free_loopback_port
+
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 _SERVER_START_TIMEOUT_S = 60.0
 AWS_TEST_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -40,13 +40,6 @@ AWS_TEST_ENV = {
 }
 
 
-def free_loopback_port() -> int:
-    """A port on 127.0.0.1 that was free a moment ago (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
 # An opener that ignores *_PROXY variables: the probe must go straight to 127.0.0.1.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -60,17 +53,6 @@ def _answers_http(url: str) -> bool:
         return True  # any HTTP status means the server is up
     except (urllib.error.URLError, OSError):
         return False
-
-
-def detach_and_die_with_parent() -> None:
-    """Child pre-exec: own session (a Ctrl-C to pytest does not race our shutdown), and on Linux
-    SIGTERM when pytest dies, so a killed test run never leaves a server behind."""
-    os.setsid()
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 class MotoS3Server:

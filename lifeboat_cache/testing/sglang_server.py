@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from ..integrations.sglang_launch_rules import BACKEND_EXTRA_CONFIG
-from .s3_server import detach_and_die_with_parent, free_loopback_port
+from .child_process import LOOPBACK, detach_and_die_with_parent, free_loopback_port
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 #: SGLang's `file` backend reads its directory from this variable first.
 FILE_BACKEND_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 START_TIMEOUT_S = 300.0
@@ -40,6 +39,8 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never 
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _POLL_LINE = re.compile(r'"GET /(metrics|health) HTTP')
+_PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)  # uvicorn's bind error: it then exits 3
+PORT_ATTEMPTS = 3
 
 
 class ServerFailed(RuntimeError):
@@ -109,6 +110,7 @@ class SGLangServer:
 
     def __init__(self, flags: Sequence[str], *, log_path: Path, env: Optional[Mapping[str, str]] = None,
                  port: Optional[int] = None, python: str = sys.executable) -> None:
+        self._own_port = port is None
         self.port = port or free_loopback_port()
         self.flags = list(flags)
         self.log_path = Path(log_path)
@@ -116,6 +118,7 @@ class SGLangServer:
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.python = python
         self.proc: Optional[subprocess.Popen[bytes]] = None
+        self._log_offset = 0
         self.started_s: Optional[float] = None
         self.ready_s: Optional[float] = None
 
@@ -129,27 +132,60 @@ class SGLangServer:
     # ----------------------------------------------------------------------------------- lifecycle
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "SGLangServer":
-        """Launch and wait until `/health` answers 200; raises ServerFailed (with the log) otherwise."""
+        """Launch and wait until `/health` answers 200; raises ServerFailed (with the log) otherwise.
+
+        A port we chose ourselves that someone else bound first (SGLang binds it only after the model
+        loads) is replaced by a new one and the launch retried, up to PORT_ATTEMPTS times."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self._launch()
+            try:
+                self.wait_ready(timeout)
+                return self
+            except ServerFailed:
+                self.kill()
+                taken = _PORT_TAKEN.search(self._launch_log())
+                if not (taken and self._own_port and attempt < PORT_ATTEMPTS):
+                    raise
+                log.warning("SGLang could not bind port %d (taken by another process); relaunching on another",
+                            self.port)
+                self.port = free_loopback_port()
+            except BaseException:
+                self.kill()
+                raise
+        raise AssertionError("unreachable: the last attempt raises")
+
+    def _launch(self) -> None:
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as out:
             out.write(f"\n==== {' '.join(self.command())}\n".encode())
             out.flush()
             self.started_s = time.monotonic()
             self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                          preexec_fn=detach_and_die_with_parent)
+
+    def _launch_log(self) -> str:
+        """What the current launch has logged so far."""
         try:
-            self.wait_ready(timeout)
-        except BaseException:
-            self.kill()
-            raise
-        return self
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def wait_ready(self, timeout: float) -> float:
-        """Seconds from start until `/health` answered 200 (ServerFailed if it exits or times out)."""
+        """Seconds from start until `/health` answered 200 (ServerFailed if it exits or times out).
+
+        Only once uvicorn logged that it listens on our port: until then whatever answers there is another
+        process's."""
         deadline = time.monotonic() + timeout
+        listening = f"running on {self.url}"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise ServerFailed(f"SGLang exited with {self.proc.returncode} before it was ready\n{self.log_tail()}")
+            if listening not in self._launch_log():
+                time.sleep(0.25)
+                continue
             try:
                 with _DIRECT.open(self.url + "/health", timeout=2.0) as resp:
                     if resp.status == 200:

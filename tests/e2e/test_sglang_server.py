@@ -26,6 +26,7 @@ proven at class level (tests/integration/test_sglang_backend.py).
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ try:
     locate_gguf()
 except FileNotFoundError as e:  # pragma: no cover - the CI conftest turns skips into failures
     pytest.skip(str(e), allow_module_level=True)
+from lifeboat_cache.testing.child_process import LOOPBACK  # noqa: E402
 from lifeboat_cache.testing.sglang_server import (  # noqa: E402
     ServerFailed,
     SGLangServer,
@@ -216,7 +218,16 @@ def test_second_server_gets_the_prefix_from_the_shared_tier_and_from_s3(model: P
             assert got.output_ids == cold.output_ids
             b.wait_metric("lifeboat_pages_read_total", pages - 1, timeout=30)
             assert tier_reads(b, "nfs") >= whole_pages(len(ids)) // PAGE
-    with server(model, tmp_path, "c", c_cfg) as c:
+    c = server(model, tmp_path, "c", c_cfg)
+    # The port taken before SGLang binds it, as in a CI run where a socket of another process got it first
+    # (one that accepts and never answers HTTP): the launcher must notice and relaunch on another port.
+    taken = c.port
+    with socket.socket() as squatter:
+        squatter.bind((LOOPBACK, taken))
+        squatter.listen()
+        c.start()
+    assert c.port != taken and "address already in use" in c.log_path.read_text(errors="replace")
+    with c:
         got = c.generate(ids, NEW_TOKENS)
         assert got.storage_tokens == whole_pages(len(ids)), got.cached_details
         assert got.output_ids == cold.output_ids

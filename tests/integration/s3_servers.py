@@ -26,7 +26,7 @@ from typing import Callable
 
 import pytest
 
-from lifeboat_cache.testing.s3_server import free_loopback_port
+from lifeboat_cache.testing.child_process import free_loopback_port
 
 REPO = Path(__file__).resolve().parents[2]
 S3RVER_VERSION = "3.7.1"  # pinned; scripts/_venv.sh installs exactly this
