@@ -9,9 +9,9 @@ Layers, lowest first; a module imports only modules of its own layer or of lower
     integrations  integrations/*
     apps          bench/*, cli, demo/*, testing/*  (may import anything)
 
-Every import counts, also one inside a function (it runs when called); only imports under
-`if TYPE_CHECKING:` (never executed) are left out, of the direction check and of the cycle check.
-A failure names the importing file and line.
+Every import counts: one inside a function (it runs when called), and one under `if TYPE_CHECKING:`
+(never executed, but a reader and a type checker follow it; a circle that exists only for type hints is
+still two modules that cannot be understood apart). A failure names the importing file and line.
 """
 
 from __future__ import annotations
@@ -62,38 +62,17 @@ def layer_of(module: str) -> str:
     raise AssertionError(f"{module}: not in any layer; add it to tests/unit/test_layering.py (and docs/architecture.md)")
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    out: list[ast.Import | ast.ImportFrom] = []
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
-                for sub in child.orelse:
-                    visit_stmt(sub)
-                continue
-            visit_stmt(child)
-
-    def visit_stmt(node: ast.AST) -> None:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            out.append(node)
-        visit(node)
-
-    visit(tree)
-    return out
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
 def edges(modules: dict[str, Path], base: Path = ROOT.parent) -> list[Edge]:
-    """Every runtime import from one module of `modules` to another (file names relative to base)."""
+    """Every import from one module of `modules` to another (file names relative to base)."""
     out = []
     for mod, path in sorted(modules.items()):
         package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
         rel_file = str(path.relative_to(base))
-        for node in _runtime_imports(ast.parse(path.read_text(), rel_file)):
+        for node in sorted(_imports(ast.parse(path.read_text(), rel_file)), key=lambda n: n.lineno):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -191,14 +170,14 @@ def test_no_import_cycles() -> None:
 
 def test_the_checker_sees_a_violation_and_a_cycle(tmp_path: Path) -> None:
     """The checks above can fail: a core module importing the store (inside a function), and two
-    modules importing each other; an import under TYPE_CHECKING is not an edge."""
+    modules importing each other, one of them under TYPE_CHECKING."""
     (tmp_path / PKG).mkdir()
     mods = {f"{PKG}.config": tmp_path / PKG / "config.py", f"{PKG}.store": tmp_path / PKG / "store.py"}
     mods[f"{PKG}.config"].write_text("import os\n\n\ndef f():\n    from .store import ChunkStore\n")
-    mods[f"{PKG}.store"].write_text("from typing import TYPE_CHECKING\nfrom . import config\n"
-                                    "if TYPE_CHECKING:\n    from .config import Settings\n")
+    mods[f"{PKG}.store"].write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                    "    from .config import Settings\n")
     got = edges(mods, tmp_path)
     assert [str(e) for e in got] == [f"{PKG}/config.py:5: {PKG}.config imports {PKG}.store",
-                                     f"{PKG}/store.py:2: {PKG}.store imports {PKG}.config"]
+                                     f"{PKG}/store.py:4: {PKG}.store imports {PKG}.config"]
     assert LAYERS.index(layer_of(got[0].dst)) > LAYERS.index(layer_of(got[0].src))
     assert [[e.src for e in c] for c in cycles(got)] == [[f"{PKG}.config", f"{PKG}.store"]]
