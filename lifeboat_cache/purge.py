@@ -5,7 +5,7 @@ Why: KV caches hold users' prompts; deleting a tenant's data must stop its pages
 once and then remove their bytes. A purge appends rules to `purge.list` in every local / nfs store
 directory (tiers/purgelist.py): this process, and every serving process on its next index refresh
 (`refresh_interval_s`), drops the matching records from its index and refuses them on the read
-path. Their bytes leave the disk at the next `lifeboat gc` (tiers/compaction.py). S3 objects are
+path. Their bytes leave the disk at the next `lifeboat gc` (tiers/segments/compaction.py). S3 objects are
 rewritten without the purged records (or deleted) by the purge itself.
 
 Model -> namespaces: a namespace fingerprint is a hash, so the model's namespaces (every rank, pool
@@ -191,8 +191,8 @@ def purge_key_ids(settings: Settings, key_ids: set[int], *, compact_now: bool = 
 
 
 def _newest_segment_ms(directory: Path) -> int:
-    from .tiers.compaction import unit_ms
-    from .tiers.segfile import SEGMENT_SUFFIX
+    from .tiers.segments.compaction import unit_ms
+    from .tiers.segments.format import SEGMENT_SUFFIX
 
     try:
         return max((unit_ms(e.name) for e in os.scandir(directory) if e.name.endswith(SEGMENT_SUFFIX)), default=0)
@@ -202,7 +202,7 @@ def _newest_segment_ms(directory: Path) -> int:
 
 def compact_tier(tier: "SegmentDirs", below: float | None = None) -> dict[str, int]:
     """Compact every directory of a local / nfs tier; summed counts."""
-    from .tiers import compaction
+    from .tiers.segments import compaction
 
     total: dict[str, int] = {}
     for d in tier.dirs:

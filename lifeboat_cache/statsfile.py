@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from .config import Settings, default_cache_dir
 from .cooldown import LogOnce
 from .envvars import DEFAULT_INTERVAL_S, ENV_INTERVAL, parse_interval  # noqa: F401  (re-exported)
-from .tiers.segfile import make_dirs, write_new_file  # owner-only whatever the umask; no symlink followed
+from .tiers.segments.format import make_dirs, write_new_file  # owner-only whatever the umask; no symlink followed
 
 if TYPE_CHECKING:
     from .store import ChunkStore

@@ -182,7 +182,7 @@ def _make_store(root: str, n: int, first_unit: int = 0, keys: np.ndarray | None 
     """Sealed segments holding n records of `rec` bytes in all: sparse files, real trailers (the index
     is all a reopen reads; no record bytes are needed for it). `keys` / `tails` (digest bytes 8-16,
     "S8"): the records' index keys and digests (default random keys, zero tails). Returns the keys."""
-    from lifeboat_cache.tiers.segfile import TABLE_ENTRY, FOOTER, FOOTER_MAGIC, parse_name
+    from lifeboat_cache.tiers.segments.format import TABLE_ENTRY, FOOTER, FOOTER_MAGIC, parse_name
     import struct
     import zlib
 
@@ -209,7 +209,7 @@ def _make_store(root: str, n: int, first_unit: int = 0, keys: np.ndarray | None 
 
 
 def _open_dir(root: str) -> Any:
-    from lifeboat_cache.tiers.segment import SegmentDir
+    from lifeboat_cache.tiers.segments import SegmentDir
 
     return SegmentDir(__import__("pathlib").Path(root), capacity_bytes=1 << 62, segment_bytes=1 << 30,
                       refresh_interval_s=3600, evict=False)
@@ -236,7 +236,7 @@ def _time_reopen(root: str, probe: np.ndarray, n: int) -> tuple[float, float, fl
     full = time.perf_counter() - t0
     cpu = time.process_time() - c0
     peak = (_peak() - base) / n if can_peak else float("nan")
-    d._closed.set()  # stop its refresh thread; close() would save a snapshot
+    d.stop_refresh()  # stop its refresh thread; close() would save a snapshot
     return first, full, cpu, peak, first_cpu
 
 

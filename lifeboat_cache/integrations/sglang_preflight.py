@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..config import ConfigError, Settings, load_settings
-from ..tiers.segfile import make_dirs
+from ..tiers.segments.format import make_dirs
 
 log = logging.getLogger(__name__)
 

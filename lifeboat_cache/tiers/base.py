@@ -14,14 +14,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
 from ..index import Index, Loc
-
-if TYPE_CHECKING:
-    from .segment import SegmentDir
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +136,7 @@ class Describing(ABC):
 class SegmentDirs(ABC):
     """A tier made of segment directories (local, nfs): purge counts and gc compaction work on them."""
 
-    dirs: "list[SegmentDir]"
+    dirs: list[Any]  # tiers.segments.SegmentDir (not imported: the segments package imports this module)
 
 
 Record = tuple[int, bytes, Sequence[object], int]  # (index key, digest, header + payload parts, length)

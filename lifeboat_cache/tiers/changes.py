@@ -23,7 +23,7 @@ import struct
 import threading
 from pathlib import Path
 
-from .segfile import DEFAULT_FILE_MODE, open_file
+from .segments.format import DEFAULT_FILE_MODE, open_file
 
 log = logging.getLogger(__name__)
 

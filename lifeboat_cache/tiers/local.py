@@ -12,7 +12,7 @@ import numpy as np
 
 from ..config import TierSettings
 from .base import Auditing, Describing, Record, RecordRuns, Ref, SegmentDirs, Tier
-from .segment import SegmentDir
+from .segments import SegmentDir
 
 
 class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns):

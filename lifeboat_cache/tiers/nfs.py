@@ -36,12 +36,14 @@ import errno
 import logging
 import os
 import time
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
-from ..index import Loc
 from .local import LocalTier
-from .segfile import FOOTER_SIZE, Entry, open_file, parse_footer, parse_name, write_trailer
-from .segment import SegmentDir, _Unit
+from .segments import SegmentDir
+from .segments.eviction import EvictionPolicy, SharingPolicy
+from .segments.format import FOOTER_SIZE, Entry, open_file, parse_footer, parse_name, write_trailer
+from .segments.units import Unit
 
 log = logging.getLogger(__name__)
 
@@ -51,81 +53,62 @@ ABANDON_AFTER_S = 60.0  # no size/mtime change this long (12 missed heartbeats):
 EVICT_ABANDONED_S = 900.0  # no change this long: capacity gc may unlink it
 
 
-class NfsSegmentDir(SegmentDir):
-    """A segment directory that writers on other hosts share (see the module docstring)."""
+class NfsSharing(SharingPolicy, EvictionPolicy):
+    """The policies of a directory that writers on other hosts share (see the module docstring).
 
-    def __init__(self, *args: Any, stale_unsealed_s: float | None = None, **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    Made before its directory and passed to it as both `sharing` and `eviction`; `attach` then gives
+    it the directory's parts (its hooks are first called once the directory is open)."""
+
+    def __init__(self, stale_unsealed_s: float | None = None) -> None:
         self.stale_unsealed_s = ABANDON_AFTER_S if stale_unsealed_s is None else stale_unsealed_s
         self.evict_abandoned_s = max(EVICT_ABANDONED_S, self.stale_unsealed_s)
         # foreign unsealed: ((size, mtime_ns), monotonic time first seen with it)
         self._seen: dict[str, tuple[tuple[int, int], float]] = {}
         self._abandoned: set[str] = set()
         self._last_beat = 0.0
-        self.counters.declare("foreign_unsealed", "foreign_abandoned", "foreign_revived", "stale_handles")
 
-    def _same_host(self, unit: _Unit) -> bool:
+    def attach(self, d: SegmentDir) -> None:
+        self.dir = d
+        d.counters.declare("foreign_unsealed", "foreign_abandoned", "foreign_revived", "stale_handles")
+        d.table.on_drop(self._forget)
+
+    def _forget(self, unit: Unit) -> None:
+        self._seen.pop(unit.name, None)
+        self._abandoned.discard(unit.name)
+
+    def _same_host(self, unit: Unit) -> bool:
         parsed = parse_name(unit.name)
-        return parsed is not None and parsed[0] == self._tag.split("-")[0]
+        return parsed is not None and parsed[0] == self.dir.table.host
 
-    def _catches_up(self, unit: _Unit) -> bool:
+    def catches_up(self, unit: Unit) -> bool:
         return self._same_host(unit)  # another host's writes never bump this host's counter
 
-    def _heartbeat(self) -> None:
+    def heartbeat(self) -> None:
         """Touch this process's open segments so readers never abandon a live writer's idle segment."""
         now = time.monotonic()
-        if self.read_only or now - self._last_beat < HEARTBEAT_S:
+        if self.dir.read_only or now - self._last_beat < HEARTBEAT_S:
             return
         self._last_beat = now
-        with self._lock:  # a seal closes the fd under the same lock
-            for w in self._writers:
-                if w is not None and w.fd >= 0 and not w.sealing:
-                    try:
-                        os.utime(w.fd)
-                    except OSError as e:
-                        self._log_once(f"beat:{e.errno}", "lifeboat: cannot touch %s: %s", w.unit.path, e)
+        self.dir.writers.touch()
 
-    def _evictable(self, unit: _Unit) -> bool:
-        if super()._evictable(unit):
+    def evictable(self, unit: Unit) -> bool:
+        if super().evictable(unit):
             return True
         seen = self._seen.get(unit.name)
         return (unit.name in self._abandoned and seen is not None
                 and time.monotonic() - seen[1] >= self.evict_abandoned_s)
 
-    def _fresh_fd(self, unit: _Unit) -> None:
-        """Close the cached fd so the next read opens afresh (close-to-open: see the new bytes)."""
-        with self._lock:
-            if unit.fd is not None and unit.readers == 0:
-                os.close(unit.fd)
-                unit.fd = None
-
-    def _drop_many(self, units: Sequence[_Unit]) -> None:
-        for unit in units:
-            self._seen.pop(unit.name, None)
-            self._abandoned.discard(unit.name)
-        super()._drop_many(units)
-
-    def _writer_dead_here(self, unit: _Unit) -> bool:
-        parsed = parse_name(unit.name)
-        if parsed is None or parsed[0] != self._tag.split("-")[0] or parsed[1] == os.getpid():
-            return False
-        try:
-            os.kill(parsed[1], 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
-
-    def _scan(self, unit: _Unit) -> None:
-        if unit.own or unit.sealed or self._same_host(unit):
-            return super()._scan(unit)  # same host: one page cache, walked as on a local directory
+    def scan(self, unit: Unit, scan: Callable[[Unit], None]) -> None:
+        """Another writer's open segment: walked when of this host, else probed (close-to-open)."""
+        if self._same_host(unit):
+            return scan(unit)  # same host: one page cache, walked as on a local directory
+        d = self.dir
         seen = self._seen.get(unit.name)
         if (unit.name in self._abandoned and seen is not None
-                and seen[0] == self._listed_sig.get(unit.name)):
+                and seen[0] == d.scanner.listed_sig(unit.name)):
             return  # abandoned and the listing shows no change: no probe
         # probe with a fresh open (close-to-open revalidation), never a cached fd
-        fd = self._open_for_scan(unit, lambda: open_file(unit.path, os.O_RDONLY))
+        fd = d.scanner.open_for_scan(unit, lambda: open_file(unit.path, os.O_RDONLY))
         if fd is None:
             return
         try:
@@ -143,7 +126,7 @@ class NfsSegmentDir(SegmentDir):
         if sealed:
             self._seen.pop(unit.name, None)
             self._revive(unit, "was sealed by its writer")
-            return super()._scan(unit)
+            return scan(unit)
         now = time.monotonic()
         prev = self._seen.get(unit.name)
         if prev is None or prev[0] != sig:  # grew or got a heartbeat: its writer is alive
@@ -152,43 +135,54 @@ class NfsSegmentDir(SegmentDir):
         if unit.name in self._abandoned:
             return
         abandoned = now - prev[1] >= self.stale_unsealed_s
-        if not (abandoned or self._writer_dead_here(unit)):
-            self.counters.add("foreign_unsealed")
+        if not (abandoned or d.scanner.writer_dead_here(unit)):
+            d.counters.add("foreign_unsealed")
             return
-        self._fresh_fd(unit)
-        super()._scan(unit)  # CRC-checked walk up to the torn tail
+        d.table.close_cached_fd(unit)  # close-to-open: the walk sees the new bytes
+        scan(unit)  # CRC-checked walk up to the torn tail
         if abandoned and not unit.sealed:
             self._abandoned.add(unit.name)  # probed again only when the listing shows a change
-            self.counters.add("foreign_abandoned")
+            d.counters.add("foreign_abandoned")
             log.info("lifeboat: %s: segment %s unchanged for %.0f s, unsealed; serving it up to byte %d",
-                     self.path, unit.name, now - prev[1], unit.scanned)
+                     d.path, unit.name, now - prev[1], unit.scanned)
 
-    def _revive(self, unit: _Unit, why: str) -> None:
+    def _revive(self, unit: Unit, why: str) -> None:
         """An abandoned segment whose writer came back (SIGSTOP, a long pause): index its new pages."""
         if unit.name not in self._abandoned:
             return
         self._abandoned.discard(unit.name)
-        self._fresh_fd(unit)
+        self.dir.table.close_cached_fd(unit)
         unit.walked = -1  # what it has now is read afresh (trailer, or a walk once abandoned again)
-        self.counters.add("foreign_revived")
-        log.info("lifeboat: %s: abandoned segment %s %s; indexing its new pages", self.path, unit.name, why)
+        self.dir.counters.add("foreign_revived")
+        log.info("lifeboat: %s: abandoned segment %s %s; indexing its new pages", self.dir.path, unit.name, why)
 
-    def _write_trailer(self, fd: int, at: int, entries: Sequence[Entry]) -> int:
+    def write_trailer(self, fd: int, at: int, entries: Sequence[Entry]) -> int:
         os.fdatasync(fd)  # the records reach the server before the trailer that publishes them
         return write_trailer(fd, at, entries)
 
-    def _read_stretch(self, locs: Sequence[Loc], bufs: Sequence[Sequence[memoryview]], k: int, j: int,
-                      out: list[bool]) -> None:
-        try:
-            return super()._read_stretch(locs, bufs, k, j, out)
-        except OSError as e:
-            if e.errno != errno.ESTALE:
-                raise
-        with self._lock:  # evicted by another host while open here: a stale location
-            unit = self._units.get(locs[k].unit)
-        if unit is not None:
-            self._drop(unit)
-        self.counters.add("stale_handles")
+    def stale_read(self, err: OSError) -> bool:
+        return err.errno == errno.ESTALE  # evicted by another host while open here: a stale location
+
+
+class NfsSegmentDir(SegmentDir):
+    """A SegmentDir with the NFS policies (NfsSharing) passed in."""
+
+    def __init__(self, path: Path, *, stale_unsealed_s: float | None = None, **kw: Any) -> None:
+        self.nfs = NfsSharing(stale_unsealed_s)
+        super().__init__(path, eviction=self.nfs, sharing=self.nfs, **kw)
+        self.nfs.attach(self)
+
+    @property
+    def stale_unsealed_s(self) -> float:
+        return self.nfs.stale_unsealed_s
+
+    @stale_unsealed_s.setter
+    def stale_unsealed_s(self, value: float) -> None:
+        self.nfs.stale_unsealed_s = value
+
+    @property
+    def evict_abandoned_s(self) -> float:
+        return self.nfs.evict_abandoned_s
 
 
 class NfsTier(LocalTier):

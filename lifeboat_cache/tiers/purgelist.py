@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .segfile import DEFAULT_FILE_MODE, open_file, read_small_file
+from .segments.format import DEFAULT_FILE_MODE, open_file, read_small_file
 
 PURGE_NAME = "purge.list"
 MAX_PURGE_BYTES = 16 << 20

@@ -12,8 +12,10 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
-from .segfile import DEFAULT_FILE_MODE, open_file, parse_name, read_small_file
+from ..metrics import Counters
+from .segments.format import DEFAULT_FILE_MODE, ForeignFile, open_file, parse_name, read_small_file
 
 QUARANTINE_NAME = "quarantine.jsonl"
 MAX_QUARANTINE_BYTES = 64 << 20
@@ -79,3 +81,56 @@ def append(directory: Path, segment: str, offset: int, length: int, reason: str,
             raise OSError(errno.EIO, "short write to the quarantine list")
     finally:
         os.close(fd)
+
+
+class Quarantine:
+    """One directory's quarantined (segment, offset) pairs in memory, loaded from and appended to its list.
+
+    `foreign(name, why)` reports a symlink or non-regular file in place of the list; `log_once(key,
+    msg, *args)` logs a failure once per key; `counters` counts the list's bad lines.
+    """
+
+    def __init__(self, directory: Path, *, file_mode: int, read_only: bool, counters: Counters,
+                 log_once: Callable[..., bool], foreign: Callable[[str, str], None]) -> None:
+        self.path = directory
+        self.file_mode, self.read_only = file_mode, read_only
+        self.counters, self._log_once, self._foreign = counters, log_once, foreign
+        self.entries: set[tuple[str, int]] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def __contains__(self, item: tuple[str, int]) -> bool:
+        return item in self.entries
+
+    def offsets_in(self, names: set[str] | frozenset[str]) -> set[int]:
+        """The quarantined offsets of the segments named (any of them)."""
+        return {o for n, o in self.entries if n in names}
+
+    def load(self) -> None:
+        try:
+            entries, bad = load(self.path)
+        except ForeignFile as e:
+            self._foreign(QUARANTINE_NAME, str(e))
+            return
+        except OSError as e:
+            if not (self.read_only and e.errno == errno.ENOENT):
+                self._log_once("quarantine-read", "lifeboat: cannot read the quarantine list of %s: %s", self.path, e)
+            return
+        self.entries |= entries
+        if bad:
+            self.counters.add("quarantine_bad_lines", bad)
+            self._log_once("quarantine-bad", "lifeboat: %s: ignored %d bad line(s) of %s", self.path, bad,
+                           QUARANTINE_NAME)
+
+    def record(self, name: str, offset: int, length: int, reason: str) -> None:
+        """Remember a bad region in memory and (unless read-only) in the list."""
+        self.entries.add((name, offset))
+        if self.read_only:
+            return
+        try:
+            append(self.path, name, offset, length, reason, self.file_mode)
+        except ForeignFile as e:
+            self._foreign(QUARANTINE_NAME, str(e))
+        except OSError as e:
+            self._log_once("quarantine-write", "lifeboat: cannot record quarantine in %s: %s", self.path, e)

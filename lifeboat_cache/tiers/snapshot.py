@@ -35,7 +35,7 @@ import xxhash
 
 from ..codec import HEADER_SIZE
 from ..index import MIX_CONSTANT, SHARD_BITS, SHARDS, mix_keys, unmix_keys
-from .segfile import DEFAULT_FILE_MODE, open_file, parse_name, pwritev_all, replacing_file
+from .segments.format import DEFAULT_FILE_MODE, open_file, parse_name, pwritev_all, replacing_file
 
 SNAPSHOT_NAME = "index.snapshot"
 OLD_SNAPSHOT_NAMES = ("index.snapshot.npz",)  # format 1: removed on open, never read

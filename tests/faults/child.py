@@ -40,7 +40,7 @@ def page(key: str) -> np.ndarray:
 
 def write(config: str, threads: int, pages: int, hold: int, close: bool) -> None:
     if hold >= 0:
-        import lifeboat_cache.tiers.segment as seg
+        import lifeboat_cache.tiers.segments.writers as seg
 
         real, lock, calls = seg.pwritev_all, threading.Lock(), [0]
 
@@ -111,7 +111,7 @@ def fill(config: str, threads: int, pages: int) -> None:
     left open (fds under the store) and which segments are not sealed on disk."""
     import os
 
-    from lifeboat_cache.tiers.segfile import read_table
+    from lifeboat_cache.tiers.segments.format import read_table
 
     settings = load_settings(config)
     root = os.path.realpath(settings.storage[0].paths[0])
@@ -166,7 +166,7 @@ def snapwrite(config: str, after: int) -> None:
     write `after` more pages (in segments the snapshot does not know), print DONE, wait for the SIGKILL."""
     import os
 
-    import lifeboat_cache.tiers.segment as seg
+    import lifeboat_cache.tiers.segments.snapshots as seg
 
     seg.SNAPSHOT_INTERVAL_S, seg.SNAPSHOT_MIN_SEGMENTS = 0.1, 2
     settings = load_settings(config)

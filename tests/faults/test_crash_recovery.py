@@ -12,8 +12,8 @@ from pathlib import Path
 
 from harness import FIGURES, STRESS, check, cli, config, record_map, run_writer, snapshot_tree, write_keys
 
-from lifeboat_cache.tiers.segfile import read_table
-from lifeboat_cache.tiers.segment import ORPHAN_IDLE_S
+from lifeboat_cache.tiers.segments.format import read_table
+from lifeboat_cache.tiers.segments import ORPHAN_IDLE_S
 
 THREADS, PAGES = 6, 48
 

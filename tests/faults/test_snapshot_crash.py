@@ -19,7 +19,7 @@ from harness import CHILD, FIGURES, ROOT, check, config, env, start_writer, writ
 from lifeboat_cache import ChunkStore
 from lifeboat_cache.config import load_settings
 from lifeboat_cache.tiers import snapshot as snap
-from lifeboat_cache.tiers.segfile import parse_name
+from lifeboat_cache.tiers.segments.format import parse_name
 from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
 
 

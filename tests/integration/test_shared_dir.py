@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
-from lifeboat_cache.tiers.segment import ORPHAN_IDLE_S
+from lifeboat_cache.tiers.segments import ORPHAN_IDLE_S
 from lifeboat_cache.config import settings_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,14 +113,14 @@ STREAM_READER = COMMON + textwrap.dedent('''
 CRASHING_WRITER = COMMON + textwrap.dedent('''
     kind, root, n, host = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     if host != "-":  # pretend to be a writer on another host
-        import lifeboat_cache.tiers.segment as seg
-        seg._writer_tag = lambda: f"{host}-{os.getpid()}"
+        import lifeboat_cache.tiers.segments.units as seg
+        seg.writer_tag = lambda: f"{host}-{os.getpid()}"
     from lifeboat_cache import codec
     from lifeboat_cache.keys import key_digest
     st = ChunkStore.open(settings(kind, root, seal_after_s=3600))  # never sealed before the crash
     assert all(st.put(NS, [f"ok-{i}" for i in range(n)], [page(3, i) for i in range(n)]))
     d = st.tiers[0].dirs[0]
-    w = next(w for w in d._writers if w is not None and w.reserved)
+    w = next(w for w in d.writers.open() if w.reserved)
     header, parts, _ = codec.build_record(page(3, 999).view(np.uint8), itemsize=2, dtype=codec.DTYPE_CODES["u2"],
                                           digest=key_digest(NS, "torn-0"), namespace=NS, compress=False)
     blob = header + b"".join(bytes(memoryview(p)) for p in parts)
@@ -225,8 +225,8 @@ CONTROLLED_WRITER = COMMON + PROTOCOL + textwrap.dedent('''
     kind, root, host, seal_after_s, refresh_s, skew_s = (sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]),
                                                          float(sys.argv[5]), float(sys.argv[6]))
     if host != "-":  # pretend to be a writer on another host
-        import lifeboat_cache.tiers.segment as seg
-        seg._writer_tag = lambda: f"{host}-{os.getpid()}"
+        import lifeboat_cache.tiers.segments.units as seg
+        seg.writer_tag = lambda: f"{host}-{os.getpid()}"
     if skew_s:  # this host's wall clock is off: segment names carry the skewed time
         _real_time = time.time
         time.time = lambda: _real_time() + skew_s

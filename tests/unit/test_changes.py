@@ -10,7 +10,7 @@ import numpy as np
 from lifeboat_cache import codec
 from lifeboat_cache.keys import key_digest
 from lifeboat_cache.tiers.changes import CHANGES_NAME, SEGMENTS, ChangeCounter
-from lifeboat_cache.tiers.segment import SegmentDir
+from lifeboat_cache.tiers.segments import SegmentDir
 
 
 def test_every_bump_changes_what_a_second_opener_reads(tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_a_planted_link_turns_the_counter_off_and_the_store_still_works(tmp_path
     d = SegmentDir(store, capacity_bytes=1 << 30, segment_bytes=1 << 20)
     d.open(background=False)
     try:
-        assert d._changes is None
+        assert d.change_counter is None
         page = np.arange(1024, dtype=np.uint16)
         dg = key_digest(b"n" * 16, "k")
         hdr, parts, n = codec.build_record(page.view(np.uint8), itemsize=2, dtype=codec.DTYPE_CODES["u2"], digest=dg,

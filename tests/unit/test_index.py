@@ -376,7 +376,7 @@ def test_reopen_of_many_segments_indexes_every_entry(tmp_path) -> None:
                 assert d.unit_name(locs[i].unit) == names[unit] and locs[i].offset == (i % PER_UNIT if i < n_old
                                                                                        else (i - n_old) % PER_UNIT) << 16
         finally:
-            d._closed.set()
+            d.stop_refresh()
 
     check()  # stale snapshot
     os.unlink(os.path.join(root, SNAPSHOT_NAME))

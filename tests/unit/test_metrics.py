@@ -10,7 +10,7 @@ import pytest
 from lifeboat_cache import metrics
 from lifeboat_cache.metrics import LATENCY_BUCKETS_S, Counters
 from lifeboat_cache.tiers.nfs import NfsSegmentDir
-from lifeboat_cache.tiers.segment import SegmentDir
+from lifeboat_cache.tiers.segments import SegmentDir
 
 
 def test_counters_histograms_and_namespaces_are_exact_under_threads() -> None:

@@ -9,8 +9,8 @@ import pytest
 
 from lifeboat_cache.config import ConfigError, parse_age
 from lifeboat_cache.tiers import purgelist
-from lifeboat_cache.tiers.compaction import PurgeFilter
-from lifeboat_cache.tiers.segfile import ForeignFile
+from lifeboat_cache.tiers.segments.compaction import PurgeFilter
+from lifeboat_cache.tiers.segments.format import ForeignFile
 
 
 def test_parse_keeps_valid_lines_and_counts_bad_ones() -> None:

@@ -38,7 +38,7 @@ def _store(tmp_path: Path) -> tuple[str, np.ndarray]:
 def _reopen(root: str):
     d = _open_dir(root)
     d.open(background=False)
-    d._closed.set()  # no refresh thread work, no snapshot save
+    d.stop_refresh()  # no refresh thread work, no snapshot save
     return d
 
 
@@ -90,7 +90,7 @@ def test_each_shard_answers_once_loaded_and_misses_before(tmp_path: Path) -> Non
 
     d.index.insert_sorted_shard = spy  # type: ignore[method-assign]
     d.open(background=False)
-    d._closed.set()
+    d.stop_refresh()
     assert sorted(seen) == sorted(set(shard.tolist())) and seen == sorted(seen)
     _assert_full(d, keys, root)
 
@@ -148,7 +148,7 @@ def test_stale_snapshot_against_segments(tmp_path: Path, caplog) -> None:
     part = keys[PER_UNIT:2 * PER_UNIT].copy()
     rng = np.random.default_rng(3)
     rng.shuffle(part)
-    from lifeboat_cache.tiers.segfile import FOOTER, FOOTER_MAGIC, TABLE_ENTRY
+    from lifeboat_cache.tiers.segments.format import FOOTER, FOOTER_MAGIC, TABLE_ENTRY
     import struct
     import zlib
 

@@ -1,4 +1,4 @@
-"""Periodic index snapshots (tiers/segment.py `_maybe_snapshot`): written by the index thread while the
+"""Periodic index snapshots (tiers/segments/snapshots.py `Snapshots.maybe_save`): written by the index thread while the
 store serves, loadable, and harmless when the write fails.
 
 Real parts: a real ChunkStore over a local tier on real files; the thresholds are lowered per directory
@@ -17,7 +17,8 @@ import pytest
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
 from lifeboat_cache.config import settings_from_dict
-from lifeboat_cache.tiers import segment as seg
+from lifeboat_cache.tiers.segments import SegmentDir
+from lifeboat_cache.tiers.segments import snapshots as seg
 from lifeboat_cache.tiers import snapshot as snap
 from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
 
@@ -65,9 +66,9 @@ def test_a_periodic_snapshot_appears_after_enough_sealed_segments_and_loads(tmp_
         s = snap.parse((tmp_path / SNAPSHOT_NAME).read_bytes())
         assert s.dropped == 0 and len(s.keys) > 0 and len(s.units) >= 2
         # a second directory object (another process's view) loads it while the first keeps serving
-        r = seg.SegmentDir(tmp_path, capacity_bytes=1 << 30, segment_bytes=1 << 20, read_only=True)
+        r = SegmentDir(tmp_path, capacity_bytes=1 << 30, segment_bytes=1 << 20, read_only=True)
         r.open(background=False)
-        r._closed.set()
+        r.stop_refresh()
         assert r.counters["snapshot_pages"] == len(s.keys)
         assert r.counters["snapshot_segments"] == len(s.units)
         assert r.counters["snapshot_mismatched_units"] == 0 and r.counters["snapshot_discarded"] == 0
@@ -77,7 +78,7 @@ def test_a_periodic_snapshot_appears_after_enough_sealed_segments_and_loads(tmp_
         assert all(st.get_into(NS, [f"p{i}" for i in range(600)], bufs))
         assert all(np.array_equal(b, _page(i)) for i, b in enumerate(bufs))
         # once nothing new is due, no further snapshot however long it serves
-        assert _wait(lambda: not d._snapshot_due())
+        assert _wait(lambda: not d.snapshots.due())
         time.sleep(0.3)
         n = d.counters["snapshot_saves"]
         time.sleep(0.5)
@@ -93,17 +94,17 @@ def test_a_process_skips_its_turn_while_another_wrote_the_snapshot_lately(tmp_pa
         d.snapshot_interval_s = 3600.0  # not due by time: driven by hand below
         _put(st, 0, 600)
         d.seal()
-        assert _wait(lambda: d._snapshot_due())
+        assert _wait(lambda: d.snapshots.due())
         (tmp_path / SNAPSHOT_NAME).write_bytes(b"another process's fresh snapshot")
-        d._snap_tried = time.monotonic() - 3601
-        d._maybe_snapshot()
+        d.snapshots.tried = time.monotonic() - 3601
+        d.snapshots.maybe_save()
         assert d.counters["snapshot_saves"] == 0  # the file on disk is younger than the interval
         old = time.time() - 7200
         import os
         os.utime(tmp_path / SNAPSHOT_NAME, (old, old))
-        d._snap_tried = time.monotonic() - 3601
-        d._maybe_snapshot()
-        assert d.counters["snapshot_saves"] == 1 and not d._snapshot_due()
+        d.snapshots.tried = time.monotonic() - 3601
+        d.snapshots.maybe_save()
+        assert d.counters["snapshot_saves"] == 1 and not d.snapshots.due()
     finally:
         st.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lifeboat_cache.config import ConfigError, settings_from_dict
-from lifeboat_cache.tiers.segment import FOOTER_SIZE, build_trailer, parse_trailer, trailer_size
+from lifeboat_cache.tiers.segments.format import FOOTER_SIZE, build_trailer, parse_trailer, trailer_size
 
 ENTRIES = [(bytes(range(16)), 0, 100, 200), (bytes(range(16, 32)), 100, 50, 50)]
 

@@ -17,7 +17,7 @@ import pytest
 from lifeboat_cache import ChunkStore, namespace_fingerprint
 from lifeboat_cache.config import settings_from_dict
 from lifeboat_cache.keys import index_key, key_digest
-from lifeboat_cache.tiers.segment import SNAPSHOT_NAME
+from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
 from support import chunks
 from support.chunks import keys, page
 
@@ -129,18 +129,18 @@ def test_snapshot_mismatch_rescans(tmp_path):
 
 
 def test_rebuild_without_snapshot_in_capped_batches_finds_every_page(tmp_path, monkeypatch):
-    """A reopen with no snapshot indexes its segments in batches that stop growing at _BATCH_MAX (the
+    """A reopen with no snapshot indexes its segments in batches that stop growing at BATCH_MAX (the
     rebuild's memory above the index): every page is found, and no bulk insert is larger."""
     from lifeboat_cache.index import Index
-    from lifeboat_cache.tiers import segment
+    from lifeboat_cache.tiers.segments import rebuild
 
     ks, pages = keys(600), [page(i) for i in range(600)]
     with ChunkStore.open(settings(tmp_path), background=False) as st:
         assert all(st.put(NS, ks, pages))
     (tmp_path / SNAPSHOT_NAME).unlink()
     assert len(list(tmp_path.glob("*.seg"))) >= 3
-    monkeypatch.setattr(segment, "_BATCH_MIN", 16)
-    monkeypatch.setattr(segment, "_BATCH_MAX", 64)
+    monkeypatch.setattr(rebuild, "BATCH_MIN", 16)
+    monkeypatch.setattr(rebuild, "BATCH_MAX", 64)
     sizes: list[int] = []
     bulk = Index.insert_arrays
 
@@ -259,7 +259,7 @@ def test_capacity_evicts_oldest_segments(tmp_path):
         for i in range(0, 1000, 20):
             st.put(NS, ks[i:i + 20], [page(j) for j in range(i, i + 20)])
             # enforced on every seal: at most the open segments (one per write stripe) above the bound
-            stripes = len(st.tiers[0].dirs[0]._writers)
+            stripes = st.tiers[0].dirs[0].writers.stripes
             assert st.tiers[0].usage_bytes() <= (3 << 20) + stripes * (1 << 20)
         hits = st.contains(NS, ks)
         assert not any(hits[:100]) and all(hits[-20:])  # oldest gone, newest kept

@@ -21,9 +21,10 @@ from lifeboat_cache.codec import HEADER_SIZE
 from lifeboat_cache.config import settings_from_dict
 from lifeboat_cache.keys import index_key, key_digest
 from lifeboat_cache.testing.tiers import make_records
-from lifeboat_cache.tiers import segfile
-from lifeboat_cache.tiers import segment as seg
-from lifeboat_cache.tiers.segment import SegmentDir
+from lifeboat_cache.tiers.segments import SegmentDir
+from lifeboat_cache.tiers.segments import format as segfile
+from lifeboat_cache.tiers.segments import reads as seg_reads
+from lifeboat_cache.tiers.segments import writers as seg_writers
 from support import chunks
 from support.chunks import flip_byte, keys, page
 
@@ -99,13 +100,13 @@ def test_index_sees_a_run_only_after_its_bytes_are_written(tmp_path, monkeypatch
     d = SegmentDir(tmp_path / "s", capacity_bytes=1 << 30, segment_bytes=4 << 20)
     d.open(background=False)
     recs = make_records(10, size=3000)
-    real, seen = seg.pwritev_all, []
+    real, seen = seg_writers.pwritev_all, []
 
     def check(fd, bufs, offset):  # type: ignore[no-untyped-def]
         seen.append(int(d.index.contains(np.array([r.ikey for r in recs], np.int64)).sum()))
         return real(fd, bufs, offset)
 
-    monkeypatch.setattr(seg, "pwritev_all", check)
+    monkeypatch.setattr(seg_writers, "pwritev_all", check)
     locs, err = d.append_many([(r.ikey, r.digest, r.bufs, r.length) for r in recs])
     assert err is None and len(locs) == 10 and seen == [0]  # one write for the run, nothing indexed before it
     assert d.index.contains(np.array([r.ikey for r in recs], np.int64)).all()
@@ -160,7 +161,7 @@ def test_enospc_mid_run_indexes_only_whole_records(tiny_fs, monkeypatch, falloca
     written and indexed, the rest dropped and reported; never a partial record. Without fallocate (some
     NFS servers) the write itself runs out of space part-way through a record."""
     if not fallocate:
-        monkeypatch.setattr(seg, "reserve_space", lambda fd, off, n: None)
+        monkeypatch.setattr(seg_writers, "reserve_space", lambda fd, off, n: None)
     d = SegmentDir(tiny_fs / "s", capacity_bytes=64 << 20, segment_bytes=16 << 20)
     d.open(background=False)
     recs = make_records(40, size=50_000)  # ~2 MiB for a 1 MiB disk
@@ -307,13 +308,13 @@ def test_hung_run_write_and_read_return_by_the_deadline(tmp_path, monkeypatch):
     with ChunkStore.open(settings(tmp_path, engine=eng), background=False) as st:
         assert all(st.put(NS, ks, ps))
         release = threading.Event()
-        real_r = seg.preadv_all
+        real_r = seg_reads.preadv_all
 
         def hung_read(fd, bufs, off):  # type: ignore[no-untyped-def]
             release.wait(10)
             return real_r(fd, bufs, off)
 
-        monkeypatch.setattr(seg, "preadv_all", hung_read)
+        monkeypatch.setattr(seg_reads, "preadv_all", hung_read)
         out = [np.empty_like(p) for p in ps]
         t0 = time.monotonic()
         assert st.get_into(NS, ks, out) == [False] * 8
@@ -322,18 +323,18 @@ def test_hung_run_write_and_read_return_by_the_deadline(tmp_path, monkeypatch):
         assert c["counters"]["read_deadline_misses"] == 8  # counted per page, not per run
         assert c["tiers"][0]["reads_cooling_down"]
         release.set()
-        monkeypatch.setattr(seg, "preadv_all", real_r)
+        monkeypatch.setattr(seg_reads, "preadv_all", real_r)
         assert chunks.wait_for(lambda: not st.read_cooldowns[0].active(), 5)  # the probe got an answer
         assert all(read_back(st, ks, ps))
 
         stop = threading.Event()
-        real_w = seg.pwritev_all
+        real_w = seg_writers.pwritev_all
 
         def hung_write(fd, bufs, off):  # type: ignore[no-untyped-def]
             stop.wait(10)
             return real_w(fd, bufs, off)
 
-        monkeypatch.setattr(seg, "pwritev_all", hung_write)
+        monkeypatch.setattr(seg_writers, "pwritev_all", hung_write)
         t0 = time.monotonic()
         ks2 = keys(8, prefix="w")
         assert st.put(NS, ks2, ps) == [False] * 8

@@ -1,24 +1,24 @@
 """Inspection of a segment directory: per-segment figures (`lifeboat stats`) and the file -> index
 half of `verify`. Reads the files; changes nothing unless `audit(fix=True)`.
 
-Kept apart from SegmentDir so the directory module holds only what serving needs; it goes through
-SegmentDir's small public surface (`units`, `reading`, `is_quarantined`, `index_found`, `quarantine_region`).
+Kept apart from SegmentDir so the coordinator holds only what serving needs; it goes through
+SegmentDir's small public surface (`units`, `reading`, `is_quarantined`, `index_found`, `quarantine_region`),
+typed here as the `Inspected` protocol (SegmentDir calls this module, so it does not import it back).
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from ..keys import index_key
-from . import compaction, recovery
-from .segfile import read_table
-
-if TYPE_CHECKING:
-    from .segment import SegmentDir
+from ...keys import index_key
+from . import compaction
+from .format import read_table
+from .rebuild import walk
 
 
 @dataclass
@@ -32,6 +32,20 @@ class Records:
     damaged: list[tuple[int, int]] = field(default_factory=list)
 
 
+class Inspected(compaction.Directory, Protocol):
+    """The part of SegmentDir that inspection reads (and, for `audit(fix=True)`, changes)."""
+
+    def units(self, *, own: bool = True) -> list[tuple[str, int, bool]]: ...
+
+    def reading(self, name: str) -> AbstractContextManager[int | None]: ...
+
+    def is_quarantined(self, name: str, offset: int) -> bool: ...
+
+    def index_found(self, name: str, keys: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> int: ...
+
+    def quarantine_region(self, name: str, offset: int, length: int, reason: str) -> None: ...
+
+
 def read_records(fd: int, *, check_payload: bool = True) -> Records:
     """Every record of an open segment file: from its trailer when sealed, else walked record by record
     (skipping damage; `check_payload=False` checks headers only). Raises OSError."""
@@ -40,13 +54,13 @@ def read_records(fd: int, *, check_payload: bool = True) -> Records:
     if table is not None:
         return Records(np.asarray(table["key"], np.int64), np.asarray(table["offset"], np.uint64),
                        np.asarray(table["length"], np.uint32), np.asarray(table["raw_length"], np.uint64))
-    w = recovery.walk(fd, 0, size, check_payload=check_payload)
+    w = walk(fd, 0, size, check_payload=check_payload)
     return Records(np.array([index_key(e[0]) for e in w.entries], np.int64),
                    np.array([e[1] for e in w.entries], np.uint64), np.array([e[2] for e in w.entries], np.uint32),
                    np.array([e[3] for e in w.entries], np.uint64), w.damaged)
 
 
-def describe(d: "SegmentDir") -> list[dict[str, int | str | bool]]:
+def describe(d: Inspected) -> list[dict[str, int | str | bool]]:
     """Per segment: records, stored and raw bytes (from trailers, or record headers when unsealed)."""
     out = []
     for name, size, sealed in d.units():
@@ -64,7 +78,7 @@ def describe(d: "SegmentDir") -> list[dict[str, int | str | bool]]:
     return out
 
 
-def audit(d: "SegmentDir", fix: bool = False) -> list[str]:
+def audit(d: Inspected, fix: bool = False) -> list[str]:
     """The file -> index half of verify: intact records missing from the index, damaged regions.
 
     With fix, missing records are indexed again and damaged regions are quarantined (so they

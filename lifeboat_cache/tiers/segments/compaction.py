@@ -22,17 +22,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
-from .. import codec
-from ..index import Loc
-from .purgelist import PURGE_NAME, PurgeRules, load_rules
-from .segfile import SEGMENT_SUFFIX, Entry, ForeignFile, open_file, parse_name, pwritev_all, read_table, write_trailer
-
-if TYPE_CHECKING:
-    from .segment import SegmentDir, _Unit
+from ... import codec
+from ...index import Index, Loc
+from ..purgelist import PURGE_NAME, PurgeRules, load_rules
+from .format import Entry, ForeignFile, open_file, parse_name, pwritev_all, read_table, write_trailer
+from .units import Unit, UnitTable
+from .writers import Writers
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,26 @@ class PurgeFilter:
         return before is not None and seg_ms < before
 
 
+class Directory(Protocol):
+    """What purge and compaction use of a segment directory (SegmentDir's public surface; typed here
+    so this module, which SegmentDir calls on each refresh, does not import it back)."""
+
+    path: Path
+    read_only: bool
+    evict: bool
+    file_mode: int
+    index: Index
+    purge: PurgeFilter
+    table: UnitTable
+    writers: Writers
+
+    def seal(self) -> None: ...
+
+    def log_once(self, key: str, msg: str, *args: object) -> bool: ...
+
+
 # ---------------------------------------------------------------------- serving processes
-def apply(d: "SegmentDir") -> None:
+def apply(d: Directory) -> None:
     """On each index refresh: reload the rules; drop purged / expired records from the index.
 
     Whole segments older than the age cutoff are evicted (a process that may evict) or dropped from
@@ -115,9 +133,9 @@ def apply(d: "SegmentDir") -> None:
         return
     age_cut = f.age_cutoff_ms()
     ns_cut = max(f.rules.namespaces.values(), default=0)
-    with d._lock:
-        units = [u for u in d._units.values() if not u.dropped]
-        writers = [w for w in d._writers if w is not None]
+    with d.table.lock:
+        units = d.table.live()
+        writers = d.writers.open()
     if not d.read_only:  # new writes must not land in a segment a rule already covers
         stale = changed and any(unit_ms(w.unit.name) < max(age_cut, ns_cut) for w in writers)
         if f.max_age_s is not None:
@@ -125,7 +143,7 @@ def apply(d: "SegmentDir") -> None:
             stale |= any(unit_ms(w.unit.name) < half for w in writers)
         if stale:
             d.seal()
-    todo: list["_Unit"] = []
+    todo: list[Unit] = []
     for u in units:
         ms = unit_ms(u.name)
         mark = (u.size, u.sealed)
@@ -142,7 +160,7 @@ def apply(d: "SegmentDir") -> None:
         _sweep(d, todo)
 
 
-def _sweep(d: "SegmentDir", units: list["_Unit"]) -> None:
+def _sweep(d: Directory, units: list[Unit]) -> None:
     f = d.purge
     arrays = d.index.export()
     for u in units:
@@ -150,7 +168,7 @@ def _sweep(d: "SegmentDir", units: list["_Unit"]) -> None:
         sel = np.flatnonzero(arrays["units"] == u.id)
         ms = unit_ms(u.name)
         try:
-            fd = d._acquire(u)
+            fd = d.table.acquire(u)
         except OSError:
             continue  # vanished: its entries go with it
         try:
@@ -164,7 +182,7 @@ def _sweep(d: "SegmentDir", units: list["_Unit"]) -> None:
                     if d.index.remove_if_match(int(arrays["keys"][i]), Loc(u.id, off, n)):
                         f.purged_pages += 1
         finally:
-            d._release(u)
+            d.table.release(u)
         f.swept[u.id] = mark
 
 
@@ -174,7 +192,7 @@ def purged_at(f: PurgeFilter, fd: int, ms: int, offset: int) -> bool:
     return len(ns) == 16 and f.blocks(ms, ns)
 
 
-def unpurged(d: "SegmentDir", name: str, fd: int, entries: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+def unpurged(d: Directory, name: str, fd: int, entries: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     """The (key, offset, length) rows of a segment that no purge rule covers (for `verify`)."""
     f = d.purge
     if not f.active or not entries:
@@ -183,15 +201,15 @@ def unpurged(d: "SegmentDir", name: str, fd: int, entries: list[tuple[int, int, 
     return [(k, o, n) for k, o, n in entries if not purged_at(f, fd, ms, o)]
 
 
-def _unlink_unit(d: "SegmentDir", u: "_Unit") -> int:
+def _unlink_unit(d: Directory, u: Unit) -> int:
     try:
         os.unlink(u.path)
     except FileNotFoundError:
         pass
     except OSError as e:
-        d._log_once(f"purge-unlink:{e.errno}", "lifeboat: cannot remove %s: %s", u.path, e)
+        d.log_once(f"purge-unlink:{e.errno}", "lifeboat: cannot remove %s: %s", u.path, e)
         return 0
-    d._drop(u)
+    d.table.drop(u)
     return u.size
 
 
@@ -209,7 +227,7 @@ def _fsync_dir(path: os.PathLike[str] | str) -> None:
         os.close(fd)
 
 
-def remove_stale_temps(d: "SegmentDir") -> int:
+def remove_stale_temps(d: Directory) -> int:
     """Unlink temporary files of compactions whose process died (a crash mid-write)."""
     n = 0
     try:
@@ -218,7 +236,7 @@ def remove_stale_temps(d: "SegmentDir") -> int:
         return 0
     for name in names:
         parsed = parse_name(name[len(TMP_PREFIX):-len(TMP_SUFFIX)])
-        if parsed is None or parsed[0] != d._tag.split("-")[0]:
+        if parsed is None or parsed[0] != d.table.host:
             continue
         try:
             os.kill(parsed[1], 0)
@@ -236,7 +254,7 @@ def remove_stale_temps(d: "SegmentDir") -> int:
     return n
 
 
-def compact(d: "SegmentDir", below: float = DEFAULT_COMPACT_BELOW) -> dict[str, int]:
+def compact(d: Directory, below: float = DEFAULT_COMPACT_BELOW) -> dict[str, int]:
     """Rewrite sealed segments holding purged records, or whose live share is under `below`.
 
     Live = indexed at that place and not purged. Returns counts (segments rewritten / removed,
@@ -248,8 +266,7 @@ def compact(d: "SegmentDir", below: float = DEFAULT_COMPACT_BELOW) -> dict[str, 
         return out
     apply(d)
     remove_stale_temps(d)
-    with d._lock:
-        units = sorted((u for u in d._units.values() if not u.dropped), key=lambda u: u.name)
+    units = sorted(d.table.live(), key=lambda u: u.name)
     for u in units:
         if u.own or not u.sealed:
             out["skipped_unsealed"] += 1
@@ -257,14 +274,14 @@ def compact(d: "SegmentDir", below: float = DEFAULT_COMPACT_BELOW) -> dict[str, 
         try:
             _compact_one(d, u, below, out)
         except OSError as e:
-            d._log_once(f"compact:{e.errno}", "lifeboat: compaction of %s failed (%s); it is kept", u.path, e)
+            d.log_once(f"compact:{e.errno}", "lifeboat: compaction of %s failed (%s); it is kept", u.path, e)
     return out
 
 
-def _compact_one(d: "SegmentDir", u: "_Unit", below: float, out: dict[str, int]) -> None:
+def _compact_one(d: Directory, u: Unit, below: float, out: dict[str, int]) -> None:
     f = d.purge
     try:
-        fd = d._acquire(u)
+        fd = d.table.acquire(u)
     except (FileNotFoundError, ForeignFile):
         return
     try:
@@ -291,14 +308,12 @@ def _compact_one(d: "SegmentDir", u: "_Unit", below: float, out: dict[str, int])
             return
         _rewrite(d, u, fd, table, live, ms, size, out)
     finally:
-        d._release(u)
+        d.table.release(u)
 
 
-def _rewrite(d: "SegmentDir", u: "_Unit", fd: int, table: np.ndarray, live: np.ndarray, ms: int, size: int,
+def _rewrite(d: Directory, u: Unit, fd: int, table: np.ndarray, live: np.ndarray, ms: int, size: int,
              out: dict[str, int]) -> None:
-    with d._lock:
-        d._seq += 1
-        name = f"{ms:013d}-{d._tag}-{d._token}c{d._seq:05d}{SEGMENT_SUFFIX}"
+    name = d.table.new_name(ms, mark="c", width=5)
     tmp = d.path / f"{TMP_PREFIX}{name}{TMP_SUFFIX}"
     wfd = open_file(tmp, os.O_RDWR | os.O_CREAT, d.file_mode)
     moved: list[tuple[int, Loc, Loc]] = []
@@ -329,8 +344,8 @@ def _rewrite(d: "SegmentDir", u: "_Unit", fd: int, table: np.ndarray, live: np.n
     os.close(wfd)
     os.rename(tmp, d.path / name)
     _fsync_dir(d.path)
-    with d._lock:  # index the copy, then remove the original (write, then index)
-        nu = d._add_unit(name)
+    with d.table.lock:  # index the copy, then remove the original (write, then index)
+        nu = d.table.add(name)
         nu.size = nu.scanned = nu.walked = new_size
         nu.sealed = True
     now = d.index.get_many(np.array([m[0] for m in moved], np.int64)) if moved else []

@@ -1,0 +1,82 @@
+"""Capacity eviction of a segment directory, and the policies a directory kind passes in.
+
+`EvictionPolicy` decides which units capacity gc may unlink; `SharingPolicy` holds what differs when
+other hosts write into the same directory (which open segments a catch-up rescans, how a foreign
+unsealed segment is scanned, how a trailer is committed, what a failed read means). The local
+directory uses both as they are; `nfs.py` passes one object implementing both through
+SegmentDir's constructor instead of overriding its methods.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from ...metrics import Counters
+from .format import Entry, write_trailer
+from .units import Unit, UnitTable
+
+if TYPE_CHECKING:
+    from .writers import Writers
+
+
+class EvictionPolicy:
+    """Which units capacity gc may unlink."""
+
+    def evictable(self, unit: Unit) -> bool:
+        """Sealed segments only: another process's open segment is never unlinked (nfs widens this)."""
+        return unit.sealed and not unit.own
+
+
+class SharingPolicy:
+    """Hooks of a directory other processes write into; the defaults are those of a local directory."""
+
+    def catches_up(self, unit: Unit) -> bool:
+        """Whether a catch-up rescans this open segment of another process (nfs: same host only)."""
+        return True
+
+    def heartbeat(self) -> None:
+        """Show other hosts that this process is alive (nfs); nothing to do on a local directory."""
+
+    def scan(self, unit: Unit, scan: Callable[[Unit], None]) -> None:
+        """Scan a unit that is not ours and not sealed yet; `scan` is the local scan."""
+        scan(unit)
+
+    def write_trailer(self, fd: int, at: int, entries: Sequence[Entry]) -> int:
+        """Seal: write the trailer at `at`; returns the sealed size."""
+        return write_trailer(fd, at, entries)
+
+    def stale_read(self, err: OSError) -> bool:
+        """Whether a read's OSError means the location is stale (a miss), not a tier failure."""
+        return False
+
+
+def evict(table: UnitTable, writers: "Writers", policy: EvictionPolicy, limit: int, counters: Counters,
+          log_once: Callable[..., bool]) -> int:
+    """Evict whole oldest evictable segments until the bytes on disk, open segments counted full, fit
+    `limit`. Seals idle open segments early when only they are left to evict. Returns bytes freed."""
+    freed = 0
+    sealed_early = False
+    while True:
+        with table.lock:
+            if writers.projected_bytes() <= limit:
+                return freed
+            victims = sorted((u for u in table.live() if policy.evictable(u)), key=lambda u: u.name)
+            if not victims:
+                if sealed_early:
+                    return freed
+                sealed_early = True
+                writers.seal_idle()
+                continue
+            victim = victims[0]
+        try:
+            os.unlink(victim.path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log_once(f"evict:{e.errno}", "lifeboat: cannot evict %s: %s", victim.path, e)
+            return freed
+        table.drop(victim)
+        freed += victim.size
+        counters.add("evicted_segments")
+        counters.add("evicted_bytes", victim.size)

@@ -1,0 +1,293 @@
+"""This process's open segments: stripes, space reservation, runs of appends, sealing and trailer retry.
+
+Each writing thread sticks to one stripe (one open segment: buffered writes to one file serialize on
+its inode lock). A run of records reserves its room (and the room of a trailer listing every record
+so far) before it is written, so a full disk never leaves a segment unsealable; a record is indexed
+only after its bytes are written (write, then index). A segment is sealed once every write that
+reserved room in it has returned; a trailer that cannot be written (full disk) is retried later.
+
+`pwritev_all` is looked up in this module at each write: tests patch `writers.pwritev_all` to hold
+or fail a record write (the trailer writes are not affected).
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ...codec import raw_length
+from ...index import Index, Loc
+from ...metrics import Counters
+from ..base import Record
+from .format import Entry, PartialWrite, open_file, pwritev_all, reserve_space, trailer_size
+from .units import Unit, UnitTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Writer:
+    unit: Unit
+    fd: int
+    created: float
+    reserved: int = 0
+    inflight: int = 0
+    count: int = 0  # records reserved (written or not)
+    sealing: bool = False
+    entries: list[Entry] = field(default_factory=list)
+
+
+class Writers:
+    """The open segments of one directory (`stripes` of them), under the unit table's lock.
+
+    `changed(segments)` tells the other processes of this host (the change counter); `write_trailer`
+    commits a seal (nfs: fdatasync first); `log_once` logs a failure once per key.
+    """
+
+    def __init__(self, table: UnitTable, index: Index, counters: Counters, *, stripes: int, segment_bytes: int,
+                 file_mode: int, fsync: bool, changed: Callable[[bool], None],
+                 write_trailer: Callable[[int, int, Sequence[Entry]], int], log_once: Callable[..., bool]) -> None:
+        self.table, self.index, self.counters = table, index, counters
+        self.segment_bytes = segment_bytes
+        self.file_mode, self.fsync = file_mode, fsync
+        self._changed, self._write_trailer, self._log_once = changed, write_trailer, log_once
+        self._lock = table.lock
+        self._writers: list[Writer | None] = [None] * stripes
+        self._stripe = threading.local()
+        self._stripe_next = 0
+        self._sealing: list[Writer] = []  # waiting for in-flight writes before their trailer
+        self._unsealed: list[tuple[Unit, list[Entry], int]] = []  # trailer write failed (full disk): retried
+
+    @property
+    def stripes(self) -> int:
+        return len(self._writers)
+
+    def open(self) -> list[Writer]:
+        """The open segments now (a copy; their fields are read under `table.lock`)."""
+        with self._lock:
+            return [w for w in self._writers if w is not None]
+
+    def open_names(self) -> set[str]:
+        with self._lock:
+            return {w.unit.name for w in self._writers if w is not None}
+
+    def projected_bytes(self) -> int:
+        """Bytes on disk once every open segment is full: what the capacity must hold."""
+        with self._lock:
+            own = {w.unit.id: max(self.segment_bytes, w.reserved) for w in self._writers if w is not None}
+            return sum(own.get(u.id, u.size) for u in self.table.live())
+
+    # ------------------------------------------------------------------ appends
+    def append_part(self, records: Sequence[Record], first: int) -> tuple[list[Loc], bool, OSError | None]:
+        """Write and index the records from `first` on that fit in this thread's open segment (at
+        least one). Returns their locs, whether a segment was opened, and the error that stopped it."""
+        with self._lock:
+            stripe = self._my_stripe()
+            w = self._writer_for(stripe, records[first][3])
+            rolled = w.reserved == 0
+            off = w.reserved
+            end, total = first, 0
+            while end < len(records) and (end == first or off + total + records[end][3] <= self.segment_bytes):
+                total += records[end][3]
+                end += 1
+            w.reserved += total
+            w.count += end - first
+            trailer = trailer_size(w.count)  # room for a trailer listing every record so far
+            w.unit.size = w.reserved
+            w.inflight += 1
+        run = records[first:end]
+        offs = np.cumsum([0] + [r[3] for r in run]).tolist()  # record k spans offs[k]..offs[k+1] from off
+        err: OSError | None = None
+        try:
+            done = reserve_run(w.fd, off, offs, trailer)
+            pwritev_all(w.fd, [b for r in run[:done] for b in r[2]], off)
+            if done < len(run):
+                err = OSError(errno.ENOSPC, "no space left on device for the whole run", str(w.unit.path))
+        except OSError as e:
+            done, err = (bisect.bisect_right(offs, e.written) - 1 if isinstance(e, PartialWrite) else 0), e
+        with self._lock:
+            w.inflight -= 1
+            w.entries += [(r[1], off + offs[k], r[3], raw_length(r[2][0])) for k, r in enumerate(run[:done])]
+            if err is not None:
+                if self._writers[stripe] is w:  # abandon the segment: its tail may hold a partial record
+                    self._writers[stripe] = None
+                self._start_seal(w)
+            elif w.sealing and w.inflight == 0:
+                self._finish_seal(w)
+        locs = [Loc(w.unit.id, off + offs[k], r[3]) for k, r in enumerate(run[:done])]
+        if locs:
+            self.index.insert_many([r[0] for r in run[:done]], locs)
+        return locs, rolled, err
+
+    def _my_stripe(self) -> int:
+        """Each writing thread sticks to one stripe (one open segment)."""
+        s = getattr(self._stripe, "i", None)
+        if s is None:
+            s = self._stripe.i = self._stripe_next % len(self._writers)
+            self._stripe_next += 1
+        return s
+
+    def _writer_for(self, stripe: int, length: int) -> Writer:
+        w = self._writers[stripe]
+        if w is not None and w.reserved + length > self.segment_bytes and w.reserved > 0:
+            self._writers[stripe] = None
+            self._start_seal(w)
+            w = None
+        if w is None:
+            name = self.table.new_name()
+            fd = open_file(self.table.path / name, os.O_RDWR | os.O_CREAT, self.file_mode)
+            unit = self.table.add(name, own=True)
+            w = self._writers[stripe] = Writer(unit, fd, time.monotonic())
+            self._changed(True)
+        return w
+
+    # ------------------------------------------------------------------ sealing
+    def _start_seal(self, w: Writer) -> None:
+        w.sealing = True
+        if w.inflight == 0:
+            self._finish_seal(w)
+        elif w not in self._sealing:
+            self._sealing.append(w)
+
+    def _finish_seal(self, w: Writer) -> None:
+        """Seal a segment whose writes have all returned (called under the lock).
+
+        The trailer lists every record that was written, holes left by failed writes included; only
+        bytes after the last written record are cut. A segment that cannot be sealed (full disk) is
+        marked sealed in memory so eviction can reclaim it, and one with no record is removed.
+        """
+        if w in self._sealing:
+            self._sealing.remove(w)
+        if w.fd < 0:
+            return
+        entries = sorted(w.entries, key=lambda e: e[1])
+        end = max((e[1] + e[2] for e in entries), default=0)
+        unit = w.unit
+        try:
+            if not entries:
+                os.unlink(unit.path)
+                self.table.drop(unit)
+                return
+            if os.fstat(w.fd).st_size > end:  # a failed write's partial bytes (same size: keep the reserved blocks)
+                os.ftruncate(w.fd, end)
+            size = self._write_trailer(w.fd, end, entries)
+            if self.fsync:
+                os.fdatasync(w.fd)
+            unit.size = unit.scanned = unit.walked = size
+            self.counters.add("sealed_segments")
+            self._changed(True)
+        except OSError as e:
+            self.counters.add("seal_failures")
+            self._log_once(f"seal:{e.errno}", "lifeboat: sealing %s failed (%s); its records stay indexed, the "
+                                              "seal is retried (and the next open walks it)", unit.path, e)
+            try:
+                os.ftruncate(w.fd, end)  # drop a partial trailer; the records stay
+                unit.size = end
+            except OSError:
+                unit.size = w.reserved
+            unit.scanned, unit.walked = 0, -1
+            self._unsealed.append((unit, entries, end))
+        finally:
+            unit.sealed = True  # no more writes: evictable
+            unit.own = False
+            os.close(w.fd)
+            w.fd = -1
+
+    @property
+    def has_unsealed(self) -> bool:
+        """Whether a trailer failed earlier and waits for `retry_seals`."""
+        return bool(self._unsealed)
+
+    def retry_seals(self) -> None:
+        """Write the trailers that failed earlier (the disk may have room again)."""
+        with self._lock:
+            todo, self._unsealed = self._unsealed, []
+            for unit, entries, end in todo:
+                if unit.dropped:
+                    continue
+                try:
+                    fd = open_file(unit.path, os.O_RDWR)
+                except OSError:
+                    continue  # evicted or replaced meanwhile
+                try:
+                    os.ftruncate(fd, end)
+                    size = self._write_trailer(fd, end, entries)
+                    unit.size = unit.scanned = unit.walked = size
+                    self.counters.add("sealed_segments")
+                except OSError:
+                    try:
+                        os.ftruncate(fd, end)
+                    except OSError:
+                        pass
+                    self._unsealed.append((unit, entries, end))
+                finally:
+                    os.close(fd)
+
+    def seal(self) -> None:
+        """Seal the open segments now (flush / close / shared-FS visibility)."""
+        with self._lock:
+            for i, w in enumerate(self._writers):
+                self._writers[i] = None
+                if w is not None:
+                    self._start_seal(w)
+
+    def seal_older(self, seal_after_s: float) -> None:
+        """Seal the open segments that got their first record at least seal_after_s ago."""
+        with self._lock:
+            for i, w in enumerate(self._writers):
+                if w is not None and w.reserved and time.monotonic() - w.created >= seal_after_s:
+                    self._writers[i] = None
+                    self._start_seal(w)
+
+    def seal_idle(self) -> None:
+        """Seal the open segments with records and no write in flight (gc: only they are left to evict)."""
+        with self._lock:
+            for i, w in enumerate(self._writers):
+                if w is not None and w.inflight == 0 and w.reserved:
+                    self._writers[i] = None
+                    self._start_seal(w)
+
+    def touch(self) -> None:
+        """Update the mtime of every open segment (nfs heartbeat); a seal closes the fd under the same lock."""
+        with self._lock:
+            for w in self._writers:
+                if w is not None and w.fd >= 0 and not w.sealing:
+                    try:
+                        os.utime(w.fd)
+                    except OSError as e:
+                        self._log_once(f"beat:{e.errno}", "lifeboat: cannot touch %s: %s", w.unit.path, e)
+
+    def close(self) -> None:
+        """Close every writer fd, a write still in flight included (call after `seal`)."""
+        with self._lock:
+            for w in [*self._writers, *self._sealing]:
+                if w is not None and w.fd >= 0:
+                    os.close(w.fd)
+                    w.fd = -1
+            self._sealing.clear()
+
+
+def reserve_run(fd: int, off: int, offs: list[int], trailer: int) -> int:
+    """Reserve the blocks of a run's records (offsets `offs` from `off`) and of a trailer after them.
+
+    Returns how many leading records got their room: on a full disk, as many as fit (halving), so a
+    run loses only what did not fit. Raises OSError when not even the first fits.
+    """
+    n = len(offs) - 1
+    while True:
+        try:
+            reserve_space(fd, off, offs[n] + trailer)
+            return n
+        except OSError as e:
+            if e.errno != errno.ENOSPC or n <= 1:
+                raise
+            n //= 2
