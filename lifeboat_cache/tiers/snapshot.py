@@ -1,6 +1,6 @@
 """Index snapshot of a segment directory (format 2): a hint that makes the first hits fast, never trusted.
 
-File `index.snapshot`, written at close and periodically (temp file, rename: segfile.replacing_file;
+File `index.snapshot`, written at close and periodically (temp file, rename: segments.format.replacing_file;
 fsync'd first where the tier fsyncs its segments, i.e. NFS; on a local drive a power cut may leave a
 torn or stale snapshot, which the checks below refuse or the trailer check corrects):
 

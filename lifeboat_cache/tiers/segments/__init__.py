@@ -32,7 +32,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -47,8 +46,8 @@ from ..changes import SEGMENTS, ChangeCounter
 from ..quarantine import Quarantine
 from . import compaction, inspection
 from .eviction import EvictionPolicy, SharingPolicy, evict
-from .indexer import IndexThread
 from .format import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, make_dirs, open_file
+from .indexer import IndexThread
 from .reads import Reader
 from .rebuild import Scanner
 from .snapshots import Snapshots
@@ -106,7 +105,6 @@ class SegmentDir:
         self.table = UnitTable(self.path, self.index)
         self._logged = LogOnce(log)
         self._closed = threading.Event()
-        self.indexer: IndexThread | None = None  # made by open()
         self._changes: ChangeCounter | None = None
         self.counters = Counters()  # updated from the index thread, writers and the store's io threads
         self.counters.declare(
@@ -138,6 +136,9 @@ class SegmentDir:
                                segment_bytes=min(segment_bytes, share), file_mode=file_mode, fsync=fsync,
                                changed=self._changed, write_trailer=self.sharing.write_trailer,
                                log_once=self.log_once)
+        self.indexer = IndexThread(name, self.index, self.counters, self.scanner, self.snapshots, self.quarantined,
+                                   self.sharing, self._changes, refresh_interval_s=refresh_interval_s,
+                                   read_only=read_only, closed=self._closed, periodic=self._maybe_time_seal)
 
     @property
     def segment_bytes(self) -> int:
@@ -221,18 +222,14 @@ class SegmentDir:
 
         With background=True nothing here touches the disk; the caller gets the store at once.
         """
-        self.indexer = IndexThread(self.name, self.index, self.counters, self.scanner, self.snapshots,
-                                   self.quarantined, self.sharing, self._changes,
-                                   refresh_interval_s=self.refresh_interval_s, read_only=self.read_only,
-                                   closed=self._closed, periodic=self._maybe_time_seal)
         self.indexer.start(background)
 
     def wait_rebuilt(self, timeout: float | None = None) -> bool:
-        return self.indexer is not None and self.indexer.rebuilt.wait(timeout)
+        return self.indexer.rebuilt.wait(timeout)
 
     @property
     def rebuilt(self) -> bool:
-        return self.indexer is not None and self.indexer.rebuilt.is_set()
+        return self.indexer.rebuilt.is_set()
 
     def stop_refresh(self) -> None:
         """Stop the index thread's refreshes and periodic snapshots (close() does it first)."""
@@ -377,8 +374,7 @@ class SegmentDir:
     def close(self) -> None:
         self._closed.set()
         self.seal()
-        if self.indexer is not None:
-            self.indexer.join(timeout=5)
+        self.indexer.join(timeout=5)
         if self.writers.has_unsealed:
             self.writers.retry_seals()
         self.save_snapshot()
