@@ -170,6 +170,14 @@ class SegmentDir:
     def snapshot_min_segments(self, value: int) -> None:
         self.snapshots.min_segments = value
 
+    @property
+    def snapshot_changed_share(self) -> float:
+        return self.snapshots.changed_share
+
+    @snapshot_changed_share.setter
+    def snapshot_changed_share(self, value: float) -> None:
+        self.snapshots.changed_share = value
+
     def _check_writable(self) -> None:
         try:
             make_dirs(self.path, self.dir_mode)
