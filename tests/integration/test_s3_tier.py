@@ -65,10 +65,10 @@ class TestS3Conformance(TierTests):
         return S3Tier(ts, io_workers=8).open(background=False)
 
     def _client(self, tier: S3Tier) -> Any:
-        return tier._client
+        return tier.client.data
 
     def _key(self, tier: S3Tier, ref: Ref) -> str:
-        return tier.data_prefix + tier._objs[ref.loc.unit].name
+        return tier.data_prefix + tier.objects.get(ref.loc.unit).name  # type: ignore[union-attr]
 
     def _get(self, tier: S3Tier, ref: Ref) -> bytes:
         return self._client(tier).get_object(Bucket=tier.bucket, Key=self._key(tier, ref))["Body"].read()
