@@ -38,10 +38,9 @@ from ..config import DEFAULT_DEADLINE_S, DEFAULT_IO_WORKERS, TierSettings
 from ..index import Index, Loc
 from ..metrics import Counters
 from .base import Describing, ObjectPurging, Probing, Ref, SingleIndexTier
-from .s3_client import (  # noqa: F401  (S3Error, make_client, ... re-exported: their import path before the split)
-    DELETE_BATCH_KEYS, STALE_CODES, S3Client, S3Error, data_path_timeouts, make_client, make_session)
+from .s3_client import DELETE_BATCH_KEYS, STALE_CODES, S3Client, S3Error
 from .s3_listing import Lister
-from .s3_objects import OBJECT_SUFFIX, ObjectTable, parse_name  # noqa: F401  (OBJECT_SUFFIX too)
+from .s3_objects import ObjectTable, parse_name
 from .segfile import build_trailer, writer_tag
 
 log = logging.getLogger(__name__)

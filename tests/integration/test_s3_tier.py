@@ -24,7 +24,8 @@ from lifeboat_cache.config import TierSettings  # noqa: E402
 from lifeboat_cache.keys import index_key, key_digest  # noqa: E402
 from lifeboat_cache.testing.tiers import Rec, TierTests  # noqa: E402
 from lifeboat_cache.tiers.base import Ref, Tier  # noqa: E402
-from lifeboat_cache.tiers.s3 import OBJECT_SUFFIX, S3Tier  # noqa: E402
+from lifeboat_cache.tiers.s3 import S3Tier  # noqa: E402
+from lifeboat_cache.tiers.s3_objects import OBJECT_SUFFIX  # noqa: E402
 from support import chunks  # noqa: E402
 from support.chunks import pages, wait_for  # noqa: E402
 
