@@ -23,7 +23,7 @@ pytest.importorskip("moto")
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint  # noqa: E402
 from lifeboat_cache.config import ConfigError, apply_overrides, settings_from_dict  # noqa: E402
-from lifeboat_cache.tiers import s3 as s3mod  # noqa: E402
+from lifeboat_cache.tiers import s3_objects  # noqa: E402
 from lifeboat_cache.tiers.local import LocalTier  # noqa: E402
 from lifeboat_cache.tiers.s3 import S3Tier  # noqa: E402
 from lifeboat_cache.testing.faults import FaultyTier  # noqa: E402
@@ -236,7 +236,7 @@ def test_future_dated_and_foreign_names_never_blind_discovery(s3_endpoint: str) 
 
 # ------------------------------------------------------------------ item 4: transient bad reads
 def test_unreadable_trailer_is_retried_then_given_up(s3_endpoint: str, monkeypatch) -> None:
-    monkeypatch.setattr(s3mod, "BAD_RETRY_S", 0.1)
+    monkeypatch.setattr(s3_objects, "BAD_RETRY_S", 0.1)
     ep = s3_endpoint
     bucket = new_bucket(ep)
     c = client(ep)
@@ -265,7 +265,7 @@ def test_overwrite_in_progress_on_s3rver_is_retried(monkeypatch) -> None:
     """A key listed before its body is the real one (here: a same-size placeholder, then the upload;
     s3rver keeps listing a key under its old size while it rewrites the file): the first trailer
     read fails, a retry after the upload succeeds."""
-    monkeypatch.setattr(s3mod, "BAD_RETRY_S", 0.2)
+    monkeypatch.setattr(s3_objects, "BAD_RETRY_S", 0.2)
     srv = S3rver(require_s3rver()).start()
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3RVER_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3RVER_SECRET)
@@ -335,12 +335,12 @@ def test_two_s3_tiers_keep_their_own_options(s3_endpoint: str) -> None:
     with ChunkStore.open(s, background=False) as st:
         t1, t2 = st.tiers
         for t, style, mode, tries, conns in ((t1, "path", "adaptive", 5, 3), (t2, "virtual", "standard", 2, 16)):
-            cfg = t._client.meta.config
+            cfg = t.client.data.meta.config
             assert cfg.s3["addressing_style"] == style and cfg.retries["mode"] == mode
             assert cfg.retries["total_max_attempts"] == tries and cfg.max_pool_connections == conns
-            assert t._bg_client.meta.config.read_timeout == 10.0  # background: as configured
-            assert t._client.meta.config.read_timeout <= st.deadline_s / tries  # data path: fits the deadline
-        assert t2._client._endpoint.http_session._verify is False
+            assert t.client.background.meta.config.read_timeout == 10.0  # background: as configured
+            assert t.client.data.meta.config.read_timeout <= st.deadline_s / tries  # data path: fits the deadline
+        assert t2.client.data._endpoint.http_session._verify is False
         assert all(st.put(NS, keys(2), pages(2)))
         c = client(ep)
         head = c.head_object(Bucket=b1, Key="cache/o/" + t1.describe()[0]["segment"])

@@ -24,7 +24,8 @@ from lifeboat_cache.config import TierSettings  # noqa: E402
 from lifeboat_cache.keys import index_key, key_digest  # noqa: E402
 from lifeboat_cache.testing.tiers import Rec, TierTests  # noqa: E402
 from lifeboat_cache.tiers.base import Ref, Tier  # noqa: E402
-from lifeboat_cache.tiers.s3 import OBJECT_SUFFIX, S3Tier  # noqa: E402
+from lifeboat_cache.tiers.s3 import S3Tier  # noqa: E402
+from lifeboat_cache.tiers.s3_objects import OBJECT_SUFFIX  # noqa: E402
 from support import chunks  # noqa: E402
 from support.chunks import pages, wait_for  # noqa: E402
 
@@ -65,10 +66,10 @@ class TestS3Conformance(TierTests):
         return S3Tier(ts, io_workers=8).open(background=False)
 
     def _client(self, tier: S3Tier) -> Any:
-        return tier._client
+        return tier.client.data
 
     def _key(self, tier: S3Tier, ref: Ref) -> str:
-        return tier.data_prefix + tier._objs[ref.loc.unit].name
+        return tier.data_prefix + tier.objects.get(ref.loc.unit).name  # type: ignore[union-attr]
 
     def _get(self, tier: S3Tier, ref: Ref) -> bytes:
         return self._client(tier).get_object(Bucket=tier.bucket, Key=self._key(tier, ref))["Body"].read()
