@@ -41,7 +41,7 @@ from .base import Describing, ObjectPurging, Probing, Ref, SingleIndexTier
 from .s3_client import DELETE_BATCH_KEYS, STALE_CODES, S3Client, S3Error
 from .s3_listing import Lister
 from .s3_objects import ObjectTable, parse_name
-from .segfile import build_trailer, writer_tag
+from .segments.format import build_trailer, writer_tag
 
 log = logging.getLogger(__name__)
 

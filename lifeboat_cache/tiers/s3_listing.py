@@ -27,7 +27,7 @@ from ..cooldown import LogOnce
 from ..metrics import Counters
 from .s3_client import STALE_CODES, S3Client, S3Error
 from .s3_objects import ObjectTable, parse_name
-from .segfile import parse_trailer, trailer_size
+from .segments.format import parse_trailer, trailer_size
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from typing import Any
 
 from .. import codec
 from ..index import Loc
-from .compaction import NS_AT
+from .segments.compaction import NS_AT
 from .purgelist import PurgeRules
 from .s3_client import S3Client
 from .s3_objects import ObjectTable, S3Object, parse_name
-from .segfile import build_trailer, parse_trailer
+from .segments.format import build_trailer, parse_trailer
 
 log = logging.getLogger(__name__)
 
