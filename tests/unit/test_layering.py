@@ -8,7 +8,7 @@ Layers, lowest first; a module imports only modules of its own layer or of lower
     store         store, copier, statsfile, prometheus, purge, the package root (its lazy re-exports)
     runtimes      runtimes/*
     integrations  integrations/*
-    apps          bench/*, cli, demo/*, testing/*  (may import anything)
+    apps          bench/*, cli, env_table, demo/*, testing/*  (may import anything)
 
 Every import counts: one inside a function (it runs when called), and one under `if TYPE_CHECKING:`
 (never executed, but a reader and a type checker follow it; a circle that exists only for type hints is
@@ -28,7 +28,7 @@ LAYERS = ["core", "tiers", "store", "runtimes", "integrations", "apps"]
 CORE = {"config", "config_values", "config_tiers", "settings", "keys", "codec", "sealing", "index", "metrics",
         "io_workers", "cooldown", "tracing", "envvars", "background"}
 STORE = {"", "store", "copier", "statsfile", "prometheus", "purge"}
-APPS = {"bench", "cli", "demo", "testing"}
+APPS = {"bench", "cli", "demo", "testing", "env_table"}
 
 
 @dataclass(frozen=True)
