@@ -35,6 +35,7 @@ def show_value(value: Any, limit: int = 80) -> str:
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
+
 _SIZE_UNITS = {
     "": 1, "B": 1,
     "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
@@ -94,6 +95,7 @@ def parse_mode(value: Any, where: str, top: int, need: int) -> int:
 
 
 def parse_int(value: Any, where: str, lo: int, hi: int) -> int:
+    """An integer (or a numeral string) in lo .. hi; never a bool, never a numeral too long to be real."""
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, str) and len(value) <= _MAX_NUMBER_CHARS and _INT_RE.match(value):
             value = int(value)
@@ -105,6 +107,7 @@ def parse_int(value: Any, where: str, lo: int, hi: int) -> int:
 
 
 def parse_float(value: Any, where: str, lo: float, hi: float) -> float:
+    """A number (int, float or ASCII numeral string) in lo .. hi; nan and bools are refused."""
     try:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ValueError
@@ -119,6 +122,7 @@ def parse_float(value: Any, where: str, lo: float, hi: float) -> float:
 
 
 def parse_bool(value: Any, where: str) -> bool:
+    """true / false, 1 / 0, yes / no, on / off (YAML writes them all)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):  # no str(): a huge int cannot be printed
@@ -131,12 +135,14 @@ def parse_bool(value: Any, where: str) -> bool:
 
 
 def parse_choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
+    """One of `choices`, exactly (case included)."""
     if not isinstance(value, str) or value not in choices:
         raise ConfigError(f"{where}: must be one of {', '.join(choices)}; got {show_value(value)}")
     return value
 
 
 def parse_str(value: Any, where: str) -> str:
+    """A non-empty string with no NUL and no unpaired surrogate (it may become a path or a header)."""
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where}: expected a non-empty string, got {show_value(value)}")
     if "\0" in value or not is_encodable(value):
@@ -145,6 +151,7 @@ def parse_str(value: Any, where: str) -> str:
 
 
 def is_encodable(value: str) -> bool:
+    """False for a string UTF-8 cannot encode (a lone surrogate), which no file name or key may hold."""
     try:
         value.encode()
         return True
@@ -153,12 +160,12 @@ def is_encodable(value: str) -> bool:
 
 
 def check_keys(obj: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    """ConfigError listing unknown keys and the allowed ones: a typo must not fall back to a default."""
     unknown = sorted((show_value(k, 40) if not isinstance(k, str) else k for k in set(obj) - allowed))
     if unknown:
         raise ConfigError(
             f"{where}: unknown key(s) {', '.join(unknown)}; allowed keys are {', '.join(sorted(allowed))}"
         )
-
 
 
 AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

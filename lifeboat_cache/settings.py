@@ -101,11 +101,9 @@ class Settings:
     encryption: EncryptionSettings = field(default_factory=EncryptionSettings)
 
 
-
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "lifeboat"
-
 
 
 def default_storage() -> tuple[TierSettings, ...]:
