@@ -39,7 +39,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..envvars import DEFAULT_BLAS, ENV_BLAS_PRELOAD, parse_blas_preload, parse_log_level  # noqa: F401  (re-exported)
+from ..envvars import parse_log_level  # noqa: F401  (re-exported)
+from ..runtimes.mlx.env import DEFAULT_BLAS, ENV_BLAS_PRELOAD, parse_blas_preload  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 

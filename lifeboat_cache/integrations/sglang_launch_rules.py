@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from ..config import ConfigError
-from ..envvars import (  # noqa: F401  (the LIFEBOAT_SGLANG_* parsers live in envvars.py; re-exported here)
+from ..envvars import raw_value
+from .sglang_env import (  # noqa: F401  (the LIFEBOAT_SGLANG_* parsers live in sglang_env.py; re-exported here)
     ENV_ENABLE, ENV_HOST_GB, ENV_PAGE_SIZE, ENV_STAGING_TOKENS, ENV_WRITE_POLICY, ENV_ZERO_COPY, WRITE_POLICIES,
-    HostGbSetting, _raw, parse_enable, parse_host_gb, parse_page_size, parse_staging_tokens, parse_write_policy,
+    HostGbSetting, parse_enable, parse_host_gb, parse_page_size, parse_staging_tokens, parse_write_policy,
     parse_zero_copy)
 
 GB = 10**9
@@ -428,7 +429,7 @@ def plan_launch_tuning(
         Decision(
             "zero-copy page I/O",
             "on" if zero_copy else "off",
-            ENV_ZERO_COPY if _raw(env, ENV_ZERO_COPY) is not None else "default",
+            ENV_ZERO_COPY if raw_value(env, ENV_ZERO_COPY) is not None else "default",
         )
     )
     return LaunchPlan(active=True, decisions=tuple(decisions), warnings=tuple(warnings))

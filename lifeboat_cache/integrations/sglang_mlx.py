@@ -21,7 +21,7 @@ from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
 from sglang.srt.mem_cache.unified_cache.components import ComponentType
 
 from ..config import ConfigError, Settings, load_settings
-from ..envvars import DEFAULT_REBUILD_WAIT_S, ENV_REBUILD_WAIT, parse_rebuild_wait  # noqa: F401  (re-exported)
+from ..runtimes.mlx.env import DEFAULT_REBUILD_WAIT_S, ENV_REBUILD_WAIT, parse_rebuild_wait  # noqa: F401  (re-exported)
 from ..runtimes.mlx import (CHUNK_TOKENS, MlxChunkEngine, ModelFingerprint, drain_at_exit, mx_dtype_name,
                              weights_identity)
 from ..runtimes.mlx.hybrid import HybridState

@@ -1,4 +1,7 @@
-"""envvars.py: every LIFEBOAT_* variable read anywhere in the package is in VARIABLES and in the docs."""
+"""env_table.py: every LIFEBOAT_* variable read anywhere in the package is in VARIABLES and in the docs.
+
+Each layer declares its own variables (envvars.py the core's, runtimes/mlx/env.py the MLX runtime's,
+integrations/sglang_env.py the SGLang launch's); env_table.VARIABLES is all of them."""
 
 from __future__ import annotations
 
@@ -7,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from lifeboat_cache import envvars, statsfile
+from lifeboat_cache import env_table, envvars, statsfile
 from lifeboat_cache.config import ConfigError, find_config_file
+from lifeboat_cache.integrations import sglang_env
 from lifeboat_cache.integrations import sglang_launch_rules as rules
+from lifeboat_cache.runtimes.mlx import env as mlx_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "lifeboat_cache"
@@ -46,56 +51,66 @@ def test_every_variable_in_the_source_is_in_the_table() -> None:
             text = (ROOT / rel).read_text()
             assert not re.search(rf"(environ|env)(\.get\(|\[)\s*['\"]{prefix}", text), f"{rel} reads {prefix}"
     names = set(found) - OUTPUT_PREFIXES
-    table = {v.name for v in envvars.VARIABLES}
-    assert names - table == set(), f"read in the source but missing from envvars.VARIABLES: {names - table}"
-    assert table - names == set(), f"in envvars.VARIABLES but read nowhere: {table - names}"
-    assert len(table) == len(envvars.VARIABLES), "a variable is listed twice"
+    table = {v.name for v in env_table.VARIABLES}
+    assert names - table == set(), f"read in the source but missing from env_table.VARIABLES: {names - table}"
+    assert table - names == set(), f"in env_table.VARIABLES but read nowhere: {table - names}"
+    assert len(table) == len(env_table.VARIABLES), "a variable is listed twice"
 
 
 def test_every_variable_is_documented_with_its_default() -> None:
     rows = _doc_rows()
-    for v in envvars.VARIABLES:
+    for v in env_table.VARIABLES:
         assert v.name in rows, f"docs/operating.md, Environment variables: no row for {v.name}"
         assert rows[v.name] == v.default, f"{v.name}: docs say default {rows[v.name]!r}, the table {v.default!r}"
         assert v.what, v.name
-    assert set(rows) == {v.name for v in envvars.VARIABLES}, "docs list a variable envvars.VARIABLES lacks"
+    assert set(rows) == {v.name for v in env_table.VARIABLES}, "docs list a variable env_table.VARIABLES lacks"
 
 
 def test_every_parser_accepts_an_unset_variable(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # no ./lifeboat.yaml to find
-    for v in envvars.VARIABLES:
+    for v in env_table.VARIABLES:
         v.parse({})  # unset: the default, never an error
     assert envvars.parse_interval({}) == envvars.DEFAULT_INTERVAL_S
-    assert envvars.parse_rebuild_wait({}) == envvars.DEFAULT_REBUILD_WAIT_S
+    assert mlx_env.parse_rebuild_wait({}) == mlx_env.DEFAULT_REBUILD_WAIT_S
     assert envvars.parse_log_level({}) == envvars.DEFAULT_LOG_LEVEL
-    assert envvars.parse_blas_preload({}) is None
-    assert envvars.parse_zero_copy({envvars.ENV_ZERO_COPY: "  "}) is True  # blank counts as unset
+    assert mlx_env.parse_blas_preload({}) is None
+    assert sglang_env.parse_zero_copy({sglang_env.ENV_ZERO_COPY: "  "}) is True  # blank counts as unset
 
 
-@pytest.mark.parametrize("v", envvars.VARIABLES, ids=lambda v: v.name)
+@pytest.mark.parametrize("v", env_table.VARIABLES, ids=lambda v: v.name)
 def test_a_bad_value_names_the_variable(v) -> None:
-    bad = {envvars.ENV_CONFIG: "/nonexistent/lifeboat.yaml", envvars.ENV_BLAS_PRELOAD: "/nonexistent/libblas.so.3",
-           envvars.ENV_HOST_GB: "lots"}.get(v.name, "-7x")
+    bad = {envvars.ENV_CONFIG: "/nonexistent/lifeboat.yaml", mlx_env.ENV_BLAS_PRELOAD: "/nonexistent/libblas.so.3",
+           sglang_env.ENV_HOST_GB: "lots"}.get(v.name, "-7x")
     with pytest.raises(ConfigError) as e:
         v.parse({v.name: bad})
     assert str(e.value).startswith(f"{v.name}=") and bad in str(e.value), str(e.value)
 
 
 def test_old_homes_re_export_the_same_parsers() -> None:
-    assert rules.parse_enable is envvars.parse_enable and rules.parse_host_gb is envvars.parse_host_gb
-    assert rules.parse_zero_copy is envvars.parse_zero_copy and rules.WRITE_POLICIES is envvars.WRITE_POLICIES
-    assert (rules.ENV_ENABLE, rules.ENV_PAGE_SIZE) == (envvars.ENV_ENABLE, envvars.ENV_PAGE_SIZE)
+    assert rules.parse_enable is sglang_env.parse_enable and rules.parse_host_gb is sglang_env.parse_host_gb
+    assert rules.parse_zero_copy is sglang_env.parse_zero_copy and rules.WRITE_POLICIES is sglang_env.WRITE_POLICIES
+    assert (rules.ENV_ENABLE, rules.ENV_PAGE_SIZE) == (sglang_env.ENV_ENABLE, sglang_env.ENV_PAGE_SIZE)
     assert statsfile.parse_interval is envvars.parse_interval and statsfile.ENV_INTERVAL == envvars.ENV_INTERVAL
     assert statsfile.DEFAULT_INTERVAL_S == envvars.DEFAULT_INTERVAL_S
     assert envvars.find_config_file is find_config_file
     from lifeboat_cache.demo import mlx_serving
 
-    assert mlx_serving.parse_log_level is envvars.parse_log_level and mlx_serving.DEFAULT_BLAS == envvars.DEFAULT_BLAS
+    assert mlx_serving.parse_log_level is envvars.parse_log_level and mlx_serving.DEFAULT_BLAS == mlx_env.DEFAULT_BLAS
+    assert mlx_serving.parse_blas_preload is mlx_env.parse_blas_preload
 
 
 def test_sglang_mlx_re_exports_the_rebuild_wait_parser() -> None:
     pytest.importorskip("sglang")
     from lifeboat_cache.integrations import sglang_mlx
 
-    assert sglang_mlx.parse_rebuild_wait is envvars.parse_rebuild_wait
-    assert sglang_mlx.ENV_REBUILD_WAIT == envvars.ENV_REBUILD_WAIT
+    assert sglang_mlx.parse_rebuild_wait is mlx_env.parse_rebuild_wait
+    assert sglang_mlx.ENV_REBUILD_WAIT == mlx_env.ENV_REBUILD_WAIT
+
+
+def test_each_layer_declares_its_own_variables() -> None:
+    """The core names no runtime's variable; the full table is each layer's list, each name once."""
+    core = {v.name for v in envvars.CORE_VARIABLES}
+    assert not any(n.startswith(("LIFEBOAT_SGLANG_", "LIFEBOAT_MLX_")) for n in core), core
+    assert sglang_env.ENV_ENABLE not in core and mlx_env.ENV_BLAS_PRELOAD not in core
+    assert env_table.VARIABLES == envvars.CORE_VARIABLES + sglang_env.SGLANG_VARIABLES + mlx_env.MLX_VARIABLES
+    assert set(env_table.BY_NAME) == {v.name for v in env_table.VARIABLES}

@@ -2,12 +2,13 @@
 
 Layers, lowest first; a module imports only modules of its own layer or of lower ones:
 
-    core          config, keys, codec, sealing, index, metrics, io_workers, cooldown, tracing, envvars, background
+    core          config, config_values, config_tiers, settings, keys, codec, sealing, index, metrics, io_workers,
+                  cooldown, tracing, envvars, background
     tiers         tiers/*
     store         store, copier, statsfile, prometheus, purge, the package root (its lazy re-exports)
     runtimes      runtimes/*
     integrations  integrations/*
-    apps          bench/*, cli, demo/*, testing/*  (may import anything)
+    apps          bench/*, cli, env_table, demo/*, testing/*  (may import anything)
 
 Every import counts: one inside a function (it runs when called), and one under `if TYPE_CHECKING:`
 (never executed, but a reader and a type checker follow it; a circle that exists only for type hints is
@@ -24,10 +25,10 @@ PKG = "lifeboat_cache"
 ROOT = Path(__file__).resolve().parents[2] / PKG
 
 LAYERS = ["core", "tiers", "store", "runtimes", "integrations", "apps"]
-CORE = {"config", "keys", "codec", "sealing", "index", "metrics", "io_workers", "cooldown", "tracing", "envvars",
-        "background"}
+CORE = {"config", "config_values", "config_tiers", "settings", "keys", "codec", "sealing", "index", "metrics",
+        "io_workers", "cooldown", "tracing", "envvars", "background"}
 STORE = {"", "store", "copier", "statsfile", "prometheus", "purge"}
-APPS = {"bench", "cli", "demo", "testing"}
+APPS = {"bench", "cli", "demo", "testing", "env_table"}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ stored as its uint16 bit pattern (numpy has no bfloat16 buffer format); nothing 
   reader.py       ChunkReader (verified runs into pool-layout rows), PrefetchTable (arrival reads)
   engine.py       MlxChunkEngine: what the SGLang radix cache calls; RequestPathClock
   hybrid.py       hybrid models: recurrent-state snapshots saved and restored next to the chunks
+  env.py          the MLX runtime's environment variables (index wait, OpenBLAS preload) and their parsers
 
 **MLX threading rule**: evaluating a lazy array on a thread that does not own its stream fails
 (``There is no Stream(cpu, 0) in current thread``). So gathers, installs and ``mx.eval`` run on the
