@@ -49,6 +49,15 @@ class Figures:
 FIGURES = Figures()
 
 
+def age_segments(store: Path) -> None:
+    """Make every segment look idle for longer than the orphan-adoption time (the next open adopts them)."""
+    from lifeboat_cache.tiers.segments import ORPHAN_IDLE_S
+
+    old = time.time() - 2 * ORPHAN_IDLE_S
+    for seg in store.glob("*.seg"):
+        os.utime(seg, (old, old))
+
+
 def env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 

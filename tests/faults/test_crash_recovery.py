@@ -7,22 +7,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 from pathlib import Path
 
-from harness import FIGURES, STRESS, check, cli, config, record_map, run_writer, snapshot_tree, write_keys
+from harness import (FIGURES, STRESS, age_segments, check, cli, config, record_map, run_writer, snapshot_tree,
+                     write_keys)
 
 from lifeboat_cache.tiers.segments.format import read_table
-from lifeboat_cache.tiers.segments import ORPHAN_IDLE_S
 
 THREADS, PAGES = 6, 48
-
-
-def _age(store: Path) -> None:
-    """Make every segment look idle for longer than the orphan-adoption time."""
-    old = time.time() - 2 * ORPHAN_IDLE_S
-    for seg in store.glob("*.seg"):
-        os.utime(seg, (old, old))
 
 
 def test_sigkill_with_a_held_back_write_loses_no_acknowledged_page(tmp_path: Path) -> None:
@@ -58,7 +50,7 @@ def test_sigkill_with_a_held_back_write_loses_no_acknowledged_page(tmp_path: Pat
         holes += results[0]["damaged_regions"] > 0
         assert all(not n.endswith(".seg") or before[n][:2] == v[:2]
                    for n, v in snapshot_tree(store).items() if n in before), "a fresh orphan was modified"
-        _age(store)
+        age_segments(store)
         for res in check(cfg, keys, copies=2):  # both at once, adopting the orphans
             assert res["wrong"] == 0 and res["lost"] == 0, res
             FIGURES.acked_lost += res["lost"]
