@@ -2,7 +2,8 @@
 
 Layers, lowest first; a module imports only modules of its own layer or of lower ones:
 
-    core          config, keys, codec, sealing, index, metrics, io_workers, cooldown, tracing, envvars, background
+    core          config, keys, codec, sealing, index (+ index_*), metrics, io_workers, cooldown, tracing, envvars,
+                  background
     tiers         tiers/*
     store         store, copier, statsfile, prometheus, purge, the package root (its lazy re-exports)
     runtimes      runtimes/*
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2] / PKG
 
 LAYERS = ["core", "tiers", "store", "runtimes", "integrations", "apps"]
 CORE = {"config", "keys", "codec", "sealing", "index", "metrics", "io_workers", "cooldown", "tracing", "envvars",
-        "background"}
+        "background", "index_order", "index_arena", "index_deltas", "index_main"}
 STORE = {"", "store", "copier", "statsfile", "prometheus", "purge"}
 APPS = {"bench", "cli", "demo", "testing"}
 
