@@ -65,7 +65,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule  # noqa: 
 class SmallIndex(Index):
     """Regions of 32 entries: every few inserts grow the arena (the rare path at 10M+ pages)."""
 
-    _initial_cap = 32
+    initial_cap = 32
 
 
 # a small key pool so operations collide; extremes and sequential keys stress the key mixing
@@ -228,7 +228,7 @@ def test_readers_never_see_a_wrong_loc_or_miss_a_settled_key(cls: type[Index]) -
                 if loc != Loc(3, j, 7):
                     errors.append(f"fresh key {j}: {loc}")
             if was_dropped and (hit[-50:].any() or any(x is not None for x in locs[-50:])):
-                errors.append(f"a dropped unit's key was found: hit {hit[-50:].sum()} locs {[x for x in locs[-50:] if x is not None][:3]} dead {ix._dead}")
+                errors.append(f"a dropped unit's key was found: hit {hit[-50:].sum()} locs {[x for x in locs[-50:] if x is not None][:3]} dead {ix.layout()['dead']}")
 
     threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:
@@ -269,7 +269,7 @@ def test_sequential_keys_spread_over_the_directory() -> None:
     n = 100_000
     ix.insert_arrays(np.arange(n, dtype=np.int64), np.zeros(n, np.uint32), np.zeros(n, np.uint64),
                      np.ones(n, np.uint32))
-    assert ix._main.win[0] <= 64
+    assert ix.layout()["window"] <= 64
     assert ix.contains(np.arange(-5, n + 5, dtype=np.int64)).sum() == n
 
 
@@ -292,18 +292,18 @@ def test_scale_benchmark_runs_end_to_end() -> None:
 
 def test_limited_address_space_starts_small_and_still_works(monkeypatch) -> None:
     """Under `ulimit -v` the 0.8 GB reservation fails: the index starts at 65,536 entries per shard."""
-    import lifeboat_cache.index as index_mod
+    import lifeboat_cache.index_arena as arena_mod
 
-    real = index_mod._reserve
+    real = arena_mod.reserve
 
     def limited(n: int, dtype: type) -> np.ndarray:
         if n > 17 * 65536:
             raise MemoryError("address space limit")
         return real(n, dtype)
 
-    monkeypatch.setattr(index_mod, "_reserve", limited)
+    monkeypatch.setattr(arena_mod, "reserve", limited)
     ix = Index(delta_limit=100)
-    assert ix._main.arena.cap == 65536
+    assert ix.layout()["cap"] == 65536
     keys = np.random.default_rng(5).integers(-2**63, 2**63 - 1, 50_000, dtype=np.int64)
     ix.insert_arrays(keys, np.ones(len(keys), np.uint32), np.zeros(len(keys), np.uint64),
                      np.ones(len(keys), np.uint32))
@@ -389,9 +389,9 @@ def test_delta_arrays_converts_in_chunks_without_a_garbage_collection() -> None:
     start in the middle of a merge because of it."""
     import gc
 
-    from lifeboat_cache import index as index_mod
+    from lifeboat_cache.index_deltas import DELTA_CHUNK, delta_arrays
 
-    n = 3 * index_mod._CHUNK + 7
+    n = 3 * DELTA_CHUNK + 7
     ks = np.random.default_rng(9).integers(-2**63, 2**63 - 1, n, dtype=np.int64).tolist()
     f = {k: None if i % 5 == 0 else Loc(i, 2**40 + i, 4096 + i) for i, k in enumerate(ks)}
     starts: list[int] = []
@@ -403,7 +403,7 @@ def test_delta_arrays_converts_in_chunks_without_a_garbage_collection() -> None:
     gc.collect()
     gc.callbacks.append(seen)
     try:
-        keys, units, offs, lens, live = Index._delta_arrays(f)
+        keys, units, offs, lens, live = delta_arrays(f)
     finally:
         gc.callbacks.remove(seen)
     assert starts == []

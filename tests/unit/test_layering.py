@@ -2,8 +2,8 @@
 
 Layers, lowest first; a module imports only modules of its own layer or of lower ones:
 
-    core          config, config_values, config_tiers, settings, keys, codec, sealing, index, metrics, io_workers,
-                  cooldown, tracing, envvars, background
+    core          config (+ config_values, config_tiers, settings), keys, codec, sealing, index (+ index_*), metrics,
+                  io_workers, cooldown, tracing, envvars, background
     tiers         tiers/*
     store         store, copier, statsfile, prometheus, purge, the package root (its lazy re-exports)
     runtimes      runtimes/*
@@ -25,8 +25,9 @@ PKG = "lifeboat_cache"
 ROOT = Path(__file__).resolve().parents[2] / PKG
 
 LAYERS = ["core", "tiers", "store", "runtimes", "integrations", "apps"]
-CORE = {"config", "config_values", "config_tiers", "settings", "keys", "codec", "sealing", "index", "metrics",
-        "io_workers", "cooldown", "tracing", "envvars", "background"}
+CORE = {"config", "config_values", "config_tiers", "settings", "keys", "codec", "sealing", "index", "index_order",
+        "index_arena", "index_deltas", "index_main", "metrics", "io_workers", "cooldown", "tracing", "envvars",
+        "background"}
 STORE = {"", "store", "copier", "statsfile", "prometheus", "purge"}
 APPS = {"bench", "cli", "demo", "testing", "env_table"}
 
