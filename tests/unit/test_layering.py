@@ -2,7 +2,7 @@
 
 Layers, lowest first; a module imports only modules of its own layer or of lower ones:
 
-    core          config, keys, codec, sealing, index, metrics, io_workers, cooldown, tracing, envvars, background
+    core          config, keys, codec, payload_codecs, sealing, index, metrics, io_workers, cooldown, tracing, envvars, background
     tiers         tiers/*
     store         store, copier, statsfile, prometheus, purge, the package root (its lazy re-exports)
     runtimes      runtimes/*
@@ -24,8 +24,8 @@ PKG = "lifeboat_cache"
 ROOT = Path(__file__).resolve().parents[2] / PKG
 
 LAYERS = ["core", "tiers", "store", "runtimes", "integrations", "apps"]
-CORE = {"config", "keys", "codec", "sealing", "index", "metrics", "io_workers", "cooldown", "tracing", "envvars",
-        "background"}
+CORE = {"config", "keys", "codec", "payload_codecs", "sealing", "index", "metrics", "io_workers", "cooldown",
+        "tracing", "envvars", "background"}
 STORE = {"", "store", "copier", "statsfile", "prometheus", "purge"}
 APPS = {"bench", "cli", "demo", "testing"}
 
