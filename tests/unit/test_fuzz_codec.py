@@ -1,7 +1,7 @@
 """Property-based fuzzing of the record parser: only RecordError escapes, and no wrong page is ever
 decoded.
 
-The read path is replayed exactly as `ChunkStore._read_record` runs it (unpack_header, the raw
+The read path is replayed exactly as `ReadPath._read_group` (store_read.py) runs it (unpack_header, the raw
 length against the destination page, verify_record, decode_into), over:
 * arbitrary bytes as a header;
 * real records (raw, zstd, byte planes; one buffer or scatter-gather pieces) with bytes flipped,

@@ -4,7 +4,8 @@ Layers, lowest first; a module imports only modules of its own layer or of lower
 
     core          config, keys, codec, payload_codecs, sealing, index, metrics, io_workers, cooldown, tracing, envvars, background
     tiers         tiers/*
-    store         store, copier, statsfile, prometheus, purge, the package root (its lazy re-exports)
+    store         store (+ store_write, store_read, store_calls, store_pages, store_maint), copier, statsfile,
+                  prometheus, purge, the package root (its lazy re-exports)
     runtimes      runtimes/*
     integrations  integrations/*
     apps          bench/*, cli, demo/*, testing/*  (may import anything)
@@ -26,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2] / PKG
 LAYERS = ["core", "tiers", "store", "runtimes", "integrations", "apps"]
 CORE = {"config", "keys", "codec", "payload_codecs", "sealing", "index", "metrics", "io_workers", "cooldown",
         "tracing", "envvars", "background"}
-STORE = {"", "store", "copier", "statsfile", "prometheus", "purge"}
+STORE = {"", "store", "store_write", "store_read", "store_calls", "store_pages", "store_maint", "copier", "statsfile",
+         "prometheus", "purge"}
 APPS = {"bench", "cli", "demo", "testing"}
 
 
