@@ -40,6 +40,14 @@ from .payload_codecs import (  # noqa: F401  (re-exported: the codecs' names sta
     CODEC_NAMES, KEEP_RATIO, PLANES, PROBE_BYTES, RAW, ZSTD, ZSTD_LEVEL, ZSTD_TUNING, RecordError, compressor,
     decode_into, encode, merge_planes_into, split_planes)
 
+__all__ = [  # this module's names and the payload codecs' it re-exports
+    "CODEC_NAMES", "DTYPE_CODES", "DTYPE_ITEMSIZE", "DTYPE_NAMES", "FORMAT_VERSION", "HEADER_BODY_SIZE", "HEADER_FMT",
+    "HEADER_FMT_V1", "HEADER_SIZE", "KEEP_RATIO", "MAGIC", "NONCE_BYTES", "PLANES", "PROBE_BYTES", "RAW",
+    "READ_VERSIONS", "SEALED_VERSION", "SEAL_OVERHEAD", "TAG_BYTES", "ZSTD", "ZSTD_LEVEL", "ZSTD_TUNING", "Header",
+    "RecordError", "aad", "as_bytes_view", "build_record", "compressed_record", "compressor", "decode_into",
+    "dtype_code", "encode", "encode_page", "merge_planes_into", "pack_header", "payload_crc", "raw_length",
+    "split_planes", "unpack_header", "verify_record"]
+
 MAGIC = b"LBKV"
 FORMAT_VERSION = 2  # bump when the header layout or a codec's payload layout changes
 SEALED_VERSION = 3  # a sealed record: version 2's header + key id, payload nonce + ciphertext + tag

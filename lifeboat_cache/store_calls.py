@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -43,12 +43,12 @@ class IoCalls:
     """The io pool and task arena of one store, the deadline of its calls, and the hold / probe of
     tiers that missed it. `tiers` and the cooldowns are the store's (held and released here)."""
 
-    def __init__(self, tiers: Sequence[Tier], read_cooldowns: Sequence[Cooldown],
-                 write_cooldowns: Sequence[Cooldown], counters: Counters, *, io_workers: int,
+    def __init__(self, tiers: list[Tier], read_cooldowns: list[Cooldown],
+                 write_cooldowns: list[Cooldown], counters: Counters, *, io_workers: int,
                  deadline_s: float) -> None:
-        self.tiers = list(tiers)
-        self.read_cooldowns = list(read_cooldowns)
-        self.write_cooldowns = list(write_cooldowns)
+        self.tiers = tiers  # the store's own list, not a copy: a tier swapped in there is used here too
+        self.read_cooldowns = read_cooldowns
+        self.write_cooldowns = write_cooldowns
         self.counters = counters
         self.deadline_s = deadline_s
         self.pool = IoWorkers(io_workers, max_workers=io_workers * IO_THREADS_PER_WORKER,

@@ -73,10 +73,11 @@ class ReadPath:
     `compress`: whether the first tier stores compressed (a promoted record is built for it);
     `promote`: writes a lower tier's hit to the first tier."""
 
-    def __init__(self, tiers: Sequence[Tier], cooldowns: Sequence[Cooldown], counters: Counters, sealer: Sealer,
-                 calls: IoCalls, compress: bool, promote: Callable[[int, bytes, bytes | memoryview, int], None]) -> None:
-        self.tiers = list(tiers)
-        self.cooldowns = list(cooldowns)
+    def __init__(self, tiers: list[Tier], cooldowns: list[Cooldown], counters: Counters, sealer: Sealer,
+                 calls: IoCalls, compress: bool,
+                 promote: Callable[[int, bytes, bytes | memoryview, int], None]) -> None:
+        self.tiers = tiers  # the store's own list, not a copy: a tier swapped in there is used here too
+        self.cooldowns = cooldowns
         self.counters = counters
         self.sealer = sealer
         self.calls = calls
@@ -127,7 +128,8 @@ class ReadPath:
 
         def read(c: int) -> list[int]:
             with self.calls.arena.task():  # private reads land in its buffer, decoded before it ends
-                wants = [Want(refs[i], int(ik[i]), ds[i], views[i][0], sizes[i]) for i in tasks[c]]  # type: ignore[arg-type]
+                wants = [Want(refs[i], int(ik[i]), ds[i], views[i][0], sizes[i])  # type: ignore[arg-type]
+                         for i in tasks[c]]
                 got = self._read_group(0, ns, wants, gate, c, runs=True, alloc=self.calls.arena.take)
                 return [LATE] * len(wants) if got is None else [MISS if g is None else HIT for g in got]
 

@@ -41,7 +41,8 @@ WRITE_RUNS = 4
 
 #: one encoded page: (index key, digest, header, payload parts, record length)
 Encoded = tuple[int, bytes, bytes, list[object], int]
-#: stores a group's records (the group: page positions in the call); returns (how many from the first were stored, the error that stopped it)
+#: stores a group's records (the group: page positions in the call); returns (how many of them, from
+#: the first, were stored; the error that stopped it)
 Sink = Callable[[list[int], list[Encoded]], tuple[int, OSError | None]]
 
 
@@ -54,10 +55,10 @@ class WritePath:
     """Writes of one store (see the module docstring). `tiers` / `cooldowns`: the store's tiers and
     their write cooldowns; `compress`: whether the first tier stores pages compressed."""
 
-    def __init__(self, tiers: Sequence[Tier], cooldowns: Sequence[Cooldown], counters: Counters,
+    def __init__(self, tiers: list[Tier], cooldowns: list[Cooldown], counters: Counters,
                  sealer: Sealer, calls: IoCalls, copier: Copier | None, compress: bool) -> None:
-        self.tiers = list(tiers)
-        self.cooldowns = list(cooldowns)
+        self.tiers = tiers  # the store's own list, not a copy: a tier swapped in there is used here too
+        self.cooldowns = cooldowns
         self.counters = counters
         self.sealer = sealer
         self.calls = calls
