@@ -102,7 +102,7 @@ class ReadPath:
             first = [1] * n
 
         def one(i: int) -> bool:
-            return self._walk(ns, int(ik[i]), ds[i], views[i][0], sizes[i], affinity, gate, i, where, first[i])
+            return self._over_tiers(ns, int(ik[i]), ds[i], views[i][0], sizes[i], affinity, gate, i, where, first[i])
 
         for i, ok in zip(todo, self.calls.until(one, todo, t_end, gate, None, "read", where, ikeys=ik)):
             results[i] = ok
@@ -140,7 +140,7 @@ class ReadPath:
                 out[i] = o
         return out
 
-    def _walk(self, ns: bytes, ikey: int, digest: bytes, dst: list[np.ndarray], size: int, affinity: int,
+    def _over_tiers(self, ns: bytes, ikey: int, digest: bytes, dst: list[np.ndarray], size: int, affinity: int,
               gate: Gate, slot: int, where: list[int], first: int) -> bool:
         """One page over the tiers from level `first` on (the first hit is promoted to tier 0)."""
         skipped = False
