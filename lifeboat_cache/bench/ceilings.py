@@ -121,7 +121,7 @@ def codec_speed(pages: list[np.ndarray], compress: bool, reps: int) -> dict[str,
         out = np.empty(pages[0].nbytes, np.uint8)
         t, c = time.perf_counter(), time.thread_time()
         for h, payload in blobs:
-            codec.check_record(h, payload, digest, ns)
+            codec.verify_record(h, payload, digest=digest, namespace=ns)
             codec.decode_into(h.codec, payload, out, 2)
         dec.add(total / (time.perf_counter() - t) / 1e9)
         dec_cpu.add(total / max(time.thread_time() - c, 1e-9) / 1e9)

@@ -64,7 +64,7 @@ def primitives(key_path: Path, sizes: Sizes, sample: np.ndarray | None) -> dict[
                              for h, parts, _ in recs]
                     t = time.process_time()
                     for h, payload in blobs:
-                        codec.check_record(h, payload, h.digest, h.namespace)
+                        codec.verify_record(h, payload, digest=h.digest, namespace=h.namespace)
                         s.decode_into(h, payload, [dst])
                     dec.add(n * page_bytes / max(time.process_time() - t, 1e-9) / 1e9)
                 row[name] = {"build_cpu_gb_s": enc.summary(), "open_cpu_gb_s": dec.summary()}

@@ -46,7 +46,7 @@ def records(st: ChunkStore, level: int) -> list[codec.Header]:
         rec = bytearray(ref.length)
         assert t.read_into(ref, [memoryview(rec)])
         h = codec.unpack_header(rec)
-        codec.check_record(h, memoryview(rec)[HEADER_SIZE:], h.digest, h.namespace)
+        codec.verify_record(h, memoryview(rec)[HEADER_SIZE:], digest=h.digest, namespace=h.namespace)
         out.append(h)
     return out
 

@@ -126,7 +126,7 @@ def test_hung_s3_server_never_stalls_a_call(s3_server) -> None:
         assert c.get("writes_dropped_deadline", 0) + c.get("writes_dropped_cooldown", 0) >= 4, c
         assert c.get("tier_skipped_cooldown", 0) >= 1  # the hold kept later calls off the hung tier
         assert c.get("tier_recovered", 0) >= 1  # the probe saw it answer again
-        assert st._pool.threads <= st._pool.max_workers
+        assert st.io.pool.threads <= st.io.pool.max_workers
     finally:
         s3_server.resume()
         st.close()
@@ -180,10 +180,10 @@ def test_late_read_never_touches_the_callers_buffer(tmp_path: Path) -> None:
             time.sleep(1.1)  # past the cooldown: every call tries the tier again
             _, dt = timed(st.get_into, NS, ks, [np.empty(8192, np.float16) for _ in ks])
             assert dt < 0.3 + 1.0 + 0.3
-        assert st._pool.threads <= st._pool.max_workers == 8
+        assert st.io.pool.threads <= st.io.pool.max_workers == 8
     finally:
         slow.delay_s = 0.0
-        st._pool.shutdown(wait=False)
+        st.io.pool.shutdown(wait=False)
         inner.close()
 
 

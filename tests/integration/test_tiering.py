@@ -48,7 +48,7 @@ def two_tier_store(local: Path, lower, **engine: Any) -> ChunkStore:
 def test_single_tier_pays_nothing_for_copies(tmp_path: Path) -> None:
     s = settings_from_dict({"storage": [local_entry(tmp_path / "a")], "engine": ENGINE})
     with ChunkStore.open(s, background=False) as st:
-        assert st._copier is None
+        assert st.copier is None
         assert all(st.put(NS, keys(8), pages(8)))
         assert not any(k.startswith("copy") for k in st.counters.snapshot())
 

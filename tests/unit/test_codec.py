@@ -34,7 +34,7 @@ def test_round_trip_is_byte_exact(dtype, compress):
     blob = memoryview(header + b"".join(bytes(memoryview(p).cast("B")) for p in parts))
     assert len(blob) == length
     h = codec.unpack_header(blob)
-    codec.check_record(h, blob[HEADER_SIZE:], dg, ns)
+    codec.verify_record(h, blob[HEADER_SIZE:], digest=dg, namespace=ns)
     out = np.empty_like(flat)
     codec.decode_into(h.codec, blob[HEADER_SIZE:], out, codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]])
     assert out.tobytes() == flat.tobytes()
@@ -70,7 +70,7 @@ def test_flipped_payload_bit_is_rejected():
     rec[HEADER_SIZE + 100] ^= 1
     h = codec.unpack_header(rec)
     with pytest.raises(RecordError) as e:
-        codec.check_record(h, memoryview(rec)[HEADER_SIZE:], dg, ns)
+        codec.verify_record(h, memoryview(rec)[HEADER_SIZE:], digest=dg, namespace=ns)
     assert e.value.reason == "checksum"
 
 
@@ -78,11 +78,11 @@ def test_truncated_and_foreign_records_are_rejected():
     rec, dg, ns = _record()
     h = codec.unpack_header(rec)
     with pytest.raises(RecordError, match="truncated"):
-        codec.check_record(h, memoryview(rec)[HEADER_SIZE:-1], dg, ns)
+        codec.verify_record(h, memoryview(rec)[HEADER_SIZE:-1], digest=dg, namespace=ns)
     with pytest.raises(RecordError, match="foreign"):
-        codec.check_record(h, memoryview(rec)[HEADER_SIZE:], b"x" * 16, ns)
+        codec.verify_record(h, memoryview(rec)[HEADER_SIZE:], digest=b"x" * 16, namespace=ns)
     with pytest.raises(RecordError, match="foreign"):
-        codec.check_record(h, memoryview(rec)[HEADER_SIZE:], dg, b"x" * 16)
+        codec.verify_record(h, memoryview(rec)[HEADER_SIZE:], digest=dg, namespace=b"x" * 16)
     with pytest.raises(RecordError):
         codec.unpack_header(rec[:40])
     with pytest.raises(RecordError, match="bad magic"):
@@ -131,7 +131,7 @@ def test_new_records_are_version_2_with_an_xxh3_payload_checksum():
     h = codec.unpack_header(rec)
     assert rec[4] == codec.FORMAT_VERSION == h.version == 2
     assert h.payload_crc == xxhash.xxh3_64_intdigest(bytes(rec[HEADER_SIZE:]))
-    codec.check_record(h, memoryview(rec)[HEADER_SIZE:], dg, ns)
+    codec.verify_record(h, memoryview(rec)[HEADER_SIZE:], digest=dg, namespace=ns)
 
 
 def _v1_record(page: np.ndarray, dg: bytes, ns: bytes, compress: bool) -> bytes:
@@ -153,13 +153,13 @@ def test_version_1_records_are_still_read(compress):
     rec = bytearray(_v1_record(page, dg, ns, compress))
     h = codec.unpack_header(rec)
     assert h.version == 1 and h.raw_len == page.nbytes
-    codec.check_record(h, memoryview(rec)[HEADER_SIZE:], dg, ns)
+    codec.verify_record(h, memoryview(rec)[HEADER_SIZE:], digest=dg, namespace=ns)
     out = np.zeros_like(page)
     codec.decode_into(h.codec, memoryview(rec)[HEADER_SIZE:], out, 2)
     assert out.tobytes() == page.tobytes()
     rec[HEADER_SIZE + 7] ^= 1  # a version-1 payload is still checked, with its own CRC-32
     with pytest.raises(RecordError) as e:
-        codec.check_record(codec.unpack_header(rec), memoryview(rec)[HEADER_SIZE:], dg, ns)
+        codec.verify_record(codec.unpack_header(rec), memoryview(rec)[HEADER_SIZE:], digest=dg, namespace=ns)
     assert e.value.reason == "checksum"
     assert codec.pack_header(h) == bytes(rec[:HEADER_SIZE])  # version 1 headers re-pack byte for byte
 
@@ -208,7 +208,7 @@ def test_a_zstd_frame_declaring_more_than_the_page_is_a_miss_before_any_allocati
     payload = struct_pack_sizes(len(frame), len(honest)) + frame + honest
     rec = _forge(codec.Header(codec.PLANES, 5, page.nbytes, 0, dg, ns, 0), payload)
     h = codec.unpack_header(rec)
-    codec.check_record(h, memoryview(rec)[HEADER_SIZE:], dg, ns)  # its checksums are valid
+    codec.verify_record(h, memoryview(rec)[HEADER_SIZE:], digest=dg, namespace=ns)  # its checksums are valid
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = np.zeros_like(page)
     with pytest.raises(RecordError) as e:
@@ -253,7 +253,7 @@ def test_compressed_record_recodes_raw_records_only():
     packed = codec.compressed_record(raw)
     h = codec.unpack_header(packed)
     assert h.codec == codec.PLANES and len(packed) < 0.95 * len(raw)
-    codec.check_record(h, memoryview(packed)[HEADER_SIZE:], dg, ns)
+    codec.verify_record(h, memoryview(packed)[HEADER_SIZE:], digest=dg, namespace=ns)
     out = np.zeros_like(page)
     codec.decode_into(h.codec, memoryview(packed)[HEADER_SIZE:], out, 2)
     assert out.tobytes() == page.tobytes()

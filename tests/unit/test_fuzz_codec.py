@@ -1,8 +1,8 @@
 """Property-based fuzzing of the record parser: only RecordError escapes, and no wrong page is ever
 decoded.
 
-The read path is replayed exactly as `ChunkStore._read_record` runs it (unpack_header, the raw
-length against the destination page, check_record, decode_into), over:
+The read path is replayed exactly as `ReadPath._read_group` (store_read.py) runs it (unpack_header, the raw
+length against the destination page, verify_record, decode_into), over:
 * arbitrary bytes as a header;
 * real records (raw, zstd, byte planes; one buffer or scatter-gather pieces) with bytes flipped,
   overwritten, cut or appended: the page decoded is byte-exact or the record is refused;
@@ -47,7 +47,7 @@ def read_path(record: bytes, dst: np.ndarray | list[np.ndarray], digest: bytes =
     if h.raw_len != n:
         raise RecordError("size", "page size")
     payload = buf[HEADER_SIZE:]
-    codec.check_record(h, payload, digest, ns)
+    codec.verify_record(h, payload, digest=digest, namespace=ns)
     itemsize = codec.DTYPE_ITEMSIZE[codec.DTYPE_NAMES[h.dtype]]
     codec.decode_into(h.codec, payload, dst, itemsize)
 
@@ -179,7 +179,7 @@ def forged_record(draw: Any) -> tuple[bytes, int]:
     if shape == "junk":
         payload = draw(st.binary(max_size=300))
     elif shape == "zstd":  # a real zstd frame of some other length
-        payload = codec._cctx().compress(draw(st.binary(max_size=300)))
+        payload = codec.compressor().compress(draw(st.binary(max_size=300)))
     else:  # a plane-size table followed by junk planes
         k = draw(st.sampled_from([1, 2, 4, 8]))
         sizes = draw(st.lists(st.integers(0, 300), min_size=k, max_size=k))

@@ -37,7 +37,7 @@ SEALER, OTHER = _sealer(os.urandom(32)), _sealer(os.urandom(32))
 
 
 def read_sealed(record: bytes, dst: np.ndarray, in_place: bool) -> None:
-    """The store's read of a record for a page of dst's size (`ChunkStore._verified`); raises RecordError."""
+    """The store's read of a record for a page of dst's size (`ReadPath._verified`, store_read.py); raises RecordError."""
     n = dst.nbytes
     buf = memoryview(record)
     h = codec.unpack_header(buf)

@@ -2,10 +2,11 @@
 
 Layers, lowest first; a module imports only modules of its own layer or of lower ones:
 
-    core          config (+ config_values, config_tiers, settings), keys, codec, sealing, index (+ index_*), metrics,
-                  io_workers, cooldown, tracing, envvars, background
+    core          config (+ config_values, config_tiers, settings), keys, codec (+ payload_codecs), sealing,
+                  index (+ index_*), metrics, io_workers, cooldown, tracing, envvars, background
     tiers         tiers/*
-    store         store, copier, statsfile, prometheus, purge, the package root (its lazy re-exports)
+    store         store (+ store_write, store_read, store_calls, store_pages, store_maint), copier, statsfile,
+                  prometheus, purge, the package root (its lazy re-exports)
     runtimes      runtimes/*
     integrations  integrations/*
     apps          bench/*, cli, env_table, demo/*, testing/*  (may import anything)
@@ -25,10 +26,11 @@ PKG = "lifeboat_cache"
 ROOT = Path(__file__).resolve().parents[2] / PKG
 
 LAYERS = ["core", "tiers", "store", "runtimes", "integrations", "apps"]
-CORE = {"config", "config_values", "config_tiers", "settings", "keys", "codec", "sealing", "index", "index_order",
-        "index_arena", "index_deltas", "index_main", "metrics", "io_workers", "cooldown", "tracing", "envvars",
-        "background"}
-STORE = {"", "store", "copier", "statsfile", "prometheus", "purge"}
+CORE = {"config", "config_values", "config_tiers", "settings", "keys", "codec", "payload_codecs", "sealing", "index",
+        "index_order", "index_arena", "index_deltas", "index_main", "metrics", "io_workers", "cooldown", "tracing",
+        "envvars", "background"}
+STORE = {"", "store", "store_write", "store_read", "store_calls", "store_pages", "store_maint", "copier", "statsfile",
+         "prometheus", "purge"}
 APPS = {"bench", "cli", "demo", "testing", "env_table"}
 
 

@@ -67,7 +67,7 @@ def set_version(path: Path, offset: int, version: int) -> None:
     """Rewrite one header's format version and re-seal its header CRC, as a build that writes
     `version` would have: the record is well formed, only of a version this build does not read."""
     data = bytearray(path.read_bytes())
-    body_size = codec._BODY.size
+    body_size = codec.HEADER_BODY_SIZE
     assert data[offset + 4] == codec.FORMAT_VERSION, "header layout changed: magic (4 bytes), then version"
     data[offset + 4] = version
     crc = zlib.crc32(bytes(data[offset: offset + body_size]))

@@ -207,7 +207,7 @@ def test_torn_tail_is_ignored(tmp_path):
     refs = [st.tiers[0].locate(index_key(key_digest(NS, k))) for k in ks]
     last = max(range(30), key=lambda i: refs[i].loc.offset)  # writes run in parallel: find a tail record
     seg = tmp_path / st.tiers[0].loc_name(refs[last]).split("@")[0]
-    st._pool.shutdown()  # simulate a crash: no seal, no snapshot
+    st.io.pool.shutdown()  # simulate a crash: no seal, no snapshot
     size = seg.stat().st_size
     with open(seg, "r+b") as f:
         f.truncate(size - 1000)  # the last record is torn

@@ -186,7 +186,7 @@ def test_store_on_a_full_disk_keeps_the_written_prefix_of_each_run(tiny_fs):
                          background=False) as st:
         ok = st.put(NS, ks, ps)
         assert any(ok) and not all(ok)
-        for run in store_mod._chunks(list(range(48)), store_mod.WRITE_RUNS):
+        for run in store_mod.chunks(list(range(48)), store_mod.WRITE_RUNS):
             got = [ok[i] for i in run]
             assert got == sorted(got, reverse=True)  # per run: a written prefix, then the dropped rest
         c = st.stats()["counters"]
