@@ -56,10 +56,12 @@ class Gate:
             self._state[i] = _INSIDE
             return True
 
-    def leave(self, i: int) -> None:
+    def leave(self, i: int, done: bool = True) -> None:
+        """Give slot i back. `done=False`: nothing usable landed in the caller's buffers (a refused record),
+        so the slot may be entered again, by the read of the same page from the next tier."""
         with self._lock:
             if self._state[i] == _INSIDE:
-                self._state[i] = _DONE
+                self._state[i] = _DONE if done else (_CLOSED if self._closed else _PENDING)
 
     def close(self) -> list[int]:
         """Close every slot not entered yet; returns the slots still inside (to wait for)."""

@@ -205,7 +205,7 @@ class ReadPath:
                 h = self._verified(tier, w, ns, bufs, direct)
                 res[k] = None if h is None else (h, bufs, direct)
         finally:
-            gate.leave(slot)
+            gate.leave(slot, done=any(g is not None for g in res))
         if any(g is not None for g in res):
             cd.ok()
         return res

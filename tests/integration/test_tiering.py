@@ -305,3 +305,25 @@ def test_s3_killed_behind_local_keeps_serving_and_recovers(tmp_path: Path, s3_se
         assert wait_for(lambda: st.tiers[1].contains(
             np.array([index_key(key_digest(NS, k)) for k in ks2])).all(), timeout=5)
         assert st.counters.get("copies") >= 10
+
+
+def test_a_bad_record_on_one_tier_is_served_from_the_next(tmp_path: Path) -> None:
+    """A first tier that reads page by page (here a MemoryTier) holds a corrupted record of every page
+    and the local tier behind it a good one: each page is refused on the first tier (never served) and
+    read from the second in the same call."""
+    first = MemoryTier()
+    s = settings_from_dict({"storage": [local_entry(tmp_path / "l0"), local_entry(tmp_path / "l1")],
+                            "engine": ENGINE})
+    second = LocalTier(s.storage[1]).open(background=False)
+    st = ChunkStore(s, [first, second])
+    ks, ps = keys(6), pages(6, seed=11)
+    try:
+        assert all(st.put(NS, ks, ps))
+        st.flush()
+        assert wait_for(lambda: st.counters.get("copies") >= 6)
+        for unit in first.units.values():
+            chunks.flip_byte(unit, len(unit) - 1)  # the last payload byte of each record
+        assert all(read_back(st, ks, ps))
+        assert st.counters.get("miss_checksum") == 6 and st.counters.get("hits_tier1") == 6
+    finally:
+        st.close()
