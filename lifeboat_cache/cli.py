@@ -264,7 +264,7 @@ def collect_activity(settings: Settings, since_s: float, now: float | None = Non
     directory = statsfile.stats_dir(settings)
     recs = [r for r in statsfile.read_stats_files(directory) if now - float(r.get("updated", 0)) <= since_s]
     live = [r for r in recs if statsfile.is_live(r, now)]
-    c = statsfile._sum_dicts(r.get("counters") or {} for r in recs)
+    c = statsfile.sum_dicts(r.get("counters") or {} for r in recs)
     keys, hits = c.get("lookup_keys", 0), c.get("lookup_hits", 0)
     errors = [r["last_error"] | {"pid": r.get("pid"), "host": r.get("host")} for r in recs if r.get("last_error")]
     cooldowns = []
