@@ -196,7 +196,7 @@ def is_live(rec: dict[str, Any], now: float) -> bool:
     return now - float(rec.get("updated", 0)) <= LIVE_INTERVALS * float(rec.get("interval_s", DEFAULT_INTERVAL_S))
 
 
-def _sum_dicts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
+def sum_dicts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for d in dicts:
         for k, v in d.items():

@@ -75,10 +75,10 @@ def _partial(res: dict[str, Any], out: Path) -> None:
     """results.json after every section, so an interrupted run keeps what it measured."""
     import json
 
-    from .report import _json_default
+    from .report import json_default
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({**res, "partial": True}, indent=1, default=_json_default))
+    (out / "results.json").write_text(json.dumps({**res, "partial": True}, indent=1, default=json_default))
 
 
 def _no_real(sizes: Sizes) -> Sizes:

@@ -48,13 +48,14 @@ from ..config import ConfigError, load_settings
 from ..cooldown import RateLimitedLog
 from ..statsfile import StatsReporter
 from ..store import ChunkStore
-from ..tracing import Describer, trace_calls
+from ..tracing import trace_calls
 from .sglang_checks import MAX_CALL_PAGES, BadCall, check_extra_info, check_indices, check_keys, check_pages, count
-from .sglang_guard import _guarded, _no_pages, _no_transfers
+from .sglang_guard import guarded, no_pages, no_transfers
 from .sglang_keys import dialog_affinity, pool_namespace
 from .sglang_launch_rules import parse_zero_copy
-from .sglang_pages import _INT_OF_WIDTH, _np, _page_tensors, _Pool
+from .sglang_pages import INT_OF_WIDTH, HostPool, as_numpy, page_tensors
 from .sglang_preflight import EXTRA_CONFIG, SGLANG_KEYS
+from .sglang_trace import TRACE_LINES
 
 log = logging.getLogger(__name__)
 
@@ -65,69 +66,15 @@ def _leading(hits: Sequence[bool]) -> int:
     return hits.index(False) if False in hits else len(hits)
 
 
-# ------------------------------------------------------------------ trace (engine.trace: true)
-def _keys_arg(args: tuple, kwargs: dict) -> Sequence[Any]:
-    return args[0] if args else kwargs.get("keys", ())
-
-
-def _trace_pages(name: str) -> Describer:
-    """v1 / copying calls: keys in; per-key results (bool or page-or-None), or one bool for batch_set."""
-    def describe(args: tuple, kwargs: dict, result: Any) -> Any:
-        n = len(_keys_arg(args, kwargs))
-        if isinstance(result, bool):  # batch_set: all written, or not
-            return [(name, n, str(n) if result else "fewer")]
-        if isinstance(result, int):  # batch_exists: leading hits
-            return [(name, n, str(result))]
-        return [(name, n, str(sum(r is not None and r is not False for r in result)))]
-    return describe
-
-
-def _trace_transfers(name: str) -> Describer:
-    """v2 set / get: one line per pool, as `batch_set_v2[<pool>]`."""
-    def describe(args: tuple, kwargs: dict, result: dict) -> Any:
-        return [(f"{name}[{pool}]", len(ok), str(sum(ok))) for pool, ok in result.items()]
-    return describe
-
-
-def _trace_exists_v2(args: tuple, kwargs: dict, result: PoolTransferResult) -> Any:
-    return [("batch_exists_v2", len(_keys_arg(args, kwargs)), str(result.kv_hit_pages))]
-
-
-#: One trace line per SGLang call (`engine.trace: true`): method -> its describer (tracing.trace_calls).
-_TRACE_LINES: dict[str, Describer] = {
-    "batch_exists": _trace_pages("batch_exists"),
-    "batch_set_v1": _trace_pages("batch_set_v1"),
-    "batch_get_v1": _trace_pages("batch_get_v1"),
-    "batch_set": _trace_pages("batch_set"),  # set() goes through it
-    "batch_get": _trace_pages("batch_get"),  # get() goes through it
-    "batch_exists_v2": _trace_exists_v2,
-    "batch_set_v2": _trace_transfers("batch_set_v2"),
-    "batch_get_v2": _trace_transfers("batch_get_v2"),
-}
-#: Public methods without a line of their own, and why (a test checks every public method is in one table).
-_NOT_TRACED: dict[str, str] = {
-    "set": "one key: traced as its batch_set",
-    "get": "one key: traced as its batch_get",
-    "exists": "one key, index only: SGLang's v1 path uses batch_exists",
-    "register_mem_pool_host": "once per pool: logged by on_host_pools_registered",
-    "register_mem_host_pool_v2": "once per pool: logged by on_host_pools_registered",
-    "on_host_pools_registered": "logs each pool itself",
-    "finalize_mem_pool_registration": "alias of on_host_pools_registered",
-    "get_stats": "a metrics scrape, no I/O",
-    "clear": "not supported; logs a warning",
-    "close": "logged by the store",
-}
-
-
-def _check_indices(pool: _Pool, host_indices: Any, n: int) -> None:
+def _check_indices(pool: HostPool, host_indices: Any, n: int) -> None:
     """Whole pages of this pool only (sglang_checks.check_indices); capacity in logical slots."""
     capacity = getattr(pool.host, "logical_size", None) or getattr(pool.host, "size", None)
     check_indices(host_indices, n, pool.page_size, capacity, pool.page_bytes,
-                  lambda s: sum(t.numel() * t.element_size() for t in _page_tensors(pool.host, s)))
+                  lambda s: sum(t.numel() * t.element_size() for t in page_tensors(pool.host, s)))
 
 
-def _check_pages(pool: _Pool, tensors: Any, n: int, what: str, writable: bool = False) -> None:
-    check_pages(tensors, n, pool.page_bytes, what, writable, _INT_OF_WIDTH)
+def _check_pages(pool: HostPool, tensors: Any, n: int, what: str, writable: bool = False) -> None:
+    check_pages(tensors, n, pool.page_bytes, what, writable, INT_OF_WIDTH)
 
 
 class LifeboatHiCacheStorage(HiCacheStorage):
@@ -148,7 +95,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         affinity_chunks = ours.pop("affinity_chunks", None)
         settings = load_settings(overrides=ours, overrides_source=EXTRA_CONFIG)
         self.affinity_chunks = self._affinity_chunks(affinity_chunks, settings.storage[0].affinity_chunks)
-        self.trace = settings.engine.trace  # one line per SGLang call (_TRACE_LINES): the store's own is off
+        self.trace = settings.engine.trace  # one line per SGLang call (TRACE_LINES): the store's own is off
         self.model_id = settings.model_id or storage_config.model_name or ""
         self.key_namespace = settings.key_namespace
         # a call that did nothing is logged at most once per failure_cooldown_max_s (_failed)
@@ -159,7 +106,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
                 self.zero_copy and bool(storage_config.extra_config.get("interface_v1", 1)))
         if not self.model_id:
             log.warning("lifeboat: no model_id and no SGLang model name; pages are keyed by geometry only")
-        self.pools: dict[str, _Pool] = {}
+        self.pools: dict[str, HostPool] = {}
         self._metrics_lock = threading.Lock()
         self._metrics: dict[str, deque] = {k: deque(maxlen=_METRIC_SAMPLES) for k in
                                            ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")}
@@ -168,7 +115,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         self.reporter = StatsReporter(self.store, role="sglang-hicache",  # stats file + lifeboat_* metrics
                                       labels={"model": self.model_id, "rank": storage_config.tp_rank})
         if self.trace:
-            trace_calls(self, _TRACE_LINES, log)
+            trace_calls(self, TRACE_LINES, log)
         self._closed = False
         log.info("lifeboat: HiCache L3 backend (tp %d/%d, pp %d/%d, %s, %s) on %s",
                  storage_config.tp_rank, storage_config.tp_size, storage_config.pp_rank,
@@ -187,17 +134,17 @@ class LifeboatHiCacheStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------ registration
     # Guarded too: a pool the backend cannot handle stays unregistered, and its calls are misses.
-    @_guarded(lambda *a, **k: None)
+    @guarded(lambda *a, **k: None)
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         super().register_mem_pool_host(mem_pool_host)
         self._add_pool(str(PoolName.KV), mem_pool_host)
 
-    @_guarded(lambda *a, **k: None)
+    @guarded(lambda *a, **k: None)
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
         self._add_pool(str(host_pool_name), host_pool)
 
-    @_guarded(lambda *a, **k: None)
+    @guarded(lambda *a, **k: None)
     def on_host_pools_registered(self) -> None:
         for p in self.pools.values():
             log.info("lifeboat: pool %s: %s %s, %d tokens/page, %d bytes/page, %s, keys %s",
@@ -209,28 +156,28 @@ class LifeboatHiCacheStorage(HiCacheStorage):
 
     def _add_pool(self, name: str, host: Any) -> None:
         ns, replicated = pool_namespace(self.config, self.model_id, self.key_namespace, name, host)
-        self.pools[name] = _Pool(name, host, ns, replicated, self.zero_copy)
+        self.pools[name] = HostPool(name, host, ns, replicated, self.zero_copy)
         self.store.counters.name_namespace(self.pools[name].ns, model=self.model_id, pool=name,
                                            rank=None if replicated else self.config.tp_rank)
 
-    def _pool(self, name: Any) -> _Pool:
+    def _pool(self, name: Any) -> HostPool:
         pool = self.pools.get(str(name))
         if pool is None:
             raise LookupError(f"host pool {str(name)!r} is not registered (registered: {sorted(self.pools)})")
         return pool
 
     # ------------------------------------------------------------------ KV pages (v1 and copying)
-    @_guarded(lambda *a, **k: 0)
+    @guarded(lambda *a, **k: 0)
     def batch_exists(self, keys: list[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         check_keys(keys)
         return self.store.count_leading_hits(self._pool(PoolName.KV).ns, keys)
 
-    @_guarded(lambda *a, **k: False)
+    @guarded(lambda *a, **k: False)
     def exists(self, key: str) -> bool:
         check_keys([key], "key")
         return self.store.contains(self._pool(PoolName.KV).ns, [key])[0]
 
-    @_guarded(_no_pages)
+    @guarded(no_pages)
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> list[bool]:
         pool = self._pool(PoolName.KV)
@@ -238,47 +185,47 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         check_extra_info(extra_info)
         return self._write(pool, keys, host_indices, extra_info, "batch_set_v1")
 
-    @_guarded(_no_pages)
+    @guarded(no_pages)
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> list[bool]:
         pool = self._pool(PoolName.KV)
         _check_indices(pool, host_indices, len(check_keys(keys)))
         return self._read(pool, keys, host_indices, "batch_get_v1")
 
-    @_guarded(lambda *a, **k: False)
+    @guarded(lambda *a, **k: False)
     def batch_set(self, keys: list[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:
         """Copying interface: `values` are SGLang's flat page copies (get_data_page(idx))."""
         pool = self._pool(PoolName.KV)
         _check_pages(pool, values, len(check_keys(keys)), "values")
         t0 = time.perf_counter()
-        ok = self.store.put(pool.ns, keys, [_np(v.contiguous()) for v in values])
+        ok = self.store.put(pool.ns, keys, [as_numpy(v.contiguous()) for v in values])
         self._record("backup", t0, sum(ok), pool.page_bytes)
         return all(ok)
 
-    @_guarded(lambda keys=None, *a, **k: [None] * count(keys))
+    @guarded(lambda keys=None, *a, **k: [None] * count(keys))
     def batch_get(self, keys: list[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> list[Optional[torch.Tensor]]:
         """Copying interface: decode into SGLang's flat dummy pages; None per miss."""
         pool = self._pool(PoolName.KV)
         _check_pages(pool, target_locations, len(check_keys(keys)), "target_locations", writable=True)
         t0 = time.perf_counter()
-        ok = self.store.get_into(pool.ns, keys, [_np(t) for t in target_locations])
+        ok = self.store.get_into(pool.ns, keys, [as_numpy(t) for t in target_locations])
         self._record("prefetch", t0, _leading(ok), pool.page_bytes)
         return [t if good else None for t, good in zip(target_locations, ok)]
 
-    @_guarded(lambda *a, **k: False)
+    @guarded(lambda *a, **k: False)
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> bool:
         return self.batch_set([key], None if value is None else [value])
 
-    @_guarded(lambda *a, **k: None)
+    @guarded(lambda *a, **k: None)
     def get(self, key: str, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> Optional[torch.Tensor]:
         return self.batch_get([key], None if target_location is None else [target_location])[0]
 
     # ------------------------------------------------------------------ hybrid-model pools (v2)
-    @_guarded(lambda *a, **k: PoolTransferResult.empty())
+    @guarded(lambda *a, **k: PoolTransferResult.empty())
     def batch_exists_v2(self, keys: list[str], pool_transfers: Optional[list[PoolTransfer]] = None,
                         extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
         """Longest KV prefix for which every pool it needs is present (all-or-nothing)."""
@@ -312,7 +259,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         window = p if t.hit_policy == PoolHitPolicy.ALL_PAGES else np.minimum(p, max(1, len(t.keys or ())))
         return (missing[p] - missing[p - window] == 0) & (p >= 1)
 
-    @_guarded(_no_transfers)
+    @guarded(no_transfers)
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, list[bool]]:
         self._check_transfers(transfers)
@@ -320,7 +267,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         return {t.name: self._write(self._pool(t.name), t.keys or [], t.host_indices, extra_info,
                                     f"batch_set_v2[{t.name}]") for t in transfers}
 
-    @_guarded(_no_transfers)
+    @guarded(no_transfers)
     def batch_get_v2(self, transfers: list[PoolTransfer],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, list[bool]]:
         self._check_transfers(transfers)
@@ -342,7 +289,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
             raise BadCall("transfers: one pool named twice")
 
     # ------------------------------------------------------------------ shared I/O paths
-    def _write(self, pool: _Pool, keys: Sequence[str], host_indices: Optional[torch.Tensor],
+    def _write(self, pool: HostPool, keys: Sequence[str], host_indices: Optional[torch.Tensor],
                extra_info: Optional[HiCacheStorageExtraInfo], what: str) -> list[bool]:
         t0 = time.perf_counter()
         starts = self._starts(pool, host_indices, len(keys), what)
@@ -354,7 +301,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         self._record("backup", t0, sum(ok), pool.page_bytes)
         return ok
 
-    def _read(self, pool: _Pool, keys: Sequence[str], host_indices: Optional[torch.Tensor],
+    def _read(self, pool: HostPool, keys: Sequence[str], host_indices: Optional[torch.Tensor],
               what: str) -> list[bool]:
         t0 = time.perf_counter()
         starts = self._starts(pool, host_indices, len(keys), what)
@@ -365,7 +312,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         return ok
 
     @staticmethod
-    def _starts(pool: _Pool, host_indices: Optional[torch.Tensor], n: int, what: str) -> Optional[list[int]]:
+    def _starts(pool: HostPool, host_indices: Optional[torch.Tensor], n: int, what: str) -> Optional[list[int]]:
         starts = pool.starts(host_indices, n)
         if starts is None:
             log.warning("lifeboat: %s: %d keys but host_indices do not hold %d pages of %d slots",
@@ -393,7 +340,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         except Exception:  # noqa: BLE001 - reporting must not raise into SGLang either
             pass
 
-    @_guarded(lambda *a, **k: None)
+    @guarded(lambda *a, **k: None)
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics: pages and GB/s per call since the last scrape."""
         try:
@@ -408,7 +355,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
             self._failed("get_stats", e)
             return None
 
-    @_guarded(lambda *a, **k: None)
+    @guarded(lambda *a, **k: None)
     def clear(self) -> None:
         """Not supported: the store may be shared by other ranks, servers and hosts."""
         log.warning("lifeboat: clear is not supported (the store may be shared); "

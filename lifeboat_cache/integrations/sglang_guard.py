@@ -1,11 +1,11 @@
 """The never-raise guard of the SGLang HiCache backend: an unexpected error or bad call does nothing.
 
 SGLang calls the backend on its own threads, and an exception there can stop the scheduler. So every
-public method of `LifeboatHiCacheStorage` is wrapped by `_guarded(fallback)`: on any exception the
+public method of `LifeboatHiCacheStorage` is wrapped by `guarded(fallback)`: on any exception the
 backend counts and logs it (its `_failed`, with a cooldown) and returns the fallback's answer, which is
 "nothing done" in the shape SGLang expects (no pages, no transfers, False, None). A closed backend
 (`_closed`) answers the same without calling the method. The wrapped object provides `_closed` and
-`_failed(what, err)`. Used by `sglang_backend` only (the leading underscores say so).
+`_failed(what, err)`. Used by `sglang_backend`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sglang.srt.mem_cache.hicache_storage import PoolTransfer
 from .sglang_checks import count
 
 
-def _guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Never raise into SGLang: bad arguments or an unexpected error return `fallback(*args)`
     ("nothing done"). A fallback is written not to raise; if the arguments are so broken that it
     does, `fallback()` (no arguments: the empty answer) is returned instead."""
@@ -45,11 +45,11 @@ def _guarded(fallback: Callable[..., Any]) -> Callable[[Callable[..., Any]], Cal
     return deco
 
 
-def _no_pages(keys: Any = None, *_: Any, **__: Any) -> list[bool]:
+def no_pages(keys: Any = None, *_: Any, **__: Any) -> list[bool]:
     return [False] * count(keys)
 
 
-def _no_transfers(transfers: Any = None, *_: Any, **__: Any) -> dict[str, list[bool]]:
+def no_transfers(transfers: Any = None, *_: Any, **__: Any) -> dict[str, list[bool]]:
     out: dict[str, list[bool]] = {}
     for t in transfers if isinstance(transfers, (list, tuple)) else ():
         if isinstance(t, PoolTransfer):

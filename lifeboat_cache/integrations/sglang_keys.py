@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 from sglang.srt.mem_cache.hicache_storage import PoolName
 
 from ..keys import namespace_fingerprint
-from .sglang_pages import _flat_page_bytes
+from .sglang_pages import flat_page_bytes
 
 
 def pool_namespace(cfg: Any, model_id: str, key_namespace: str, name: str, host: Any) -> tuple[bytes, bool]:
@@ -29,7 +29,7 @@ def pool_namespace(cfg: Any, model_id: str, key_namespace: str, name: str, host:
     parts: dict[str, Any] = dict(
         model=model_id, key_namespace=key_namespace, pool=name, pool_class=type(host).__name__,
         dtype=str(host.dtype), layout=host.layout, page_size=int(getattr(host, "page_size", 1) or 1),
-        page_bytes=_flat_page_bytes(host))
+        page_bytes=flat_page_bytes(host))
     if not replicated:
         parts.update(tp_rank=cfg.tp_rank, tp_size=cfg.tp_size)
     if cfg.pp_size > 1:

@@ -3,11 +3,12 @@
 :class:`LifeboatMlxRadixCache` is SGLang's ``UnifiedRadixCache`` with three additions, all on the
 scheduler thread that owns the MLX pool (the factory in ``sglang_mlx`` builds it):
 
-* **write** (``checkpoint`` of a finished request): the request's full 64-token chunks that the store
-  does not hold yet are gathered out of ``MlxAttentionKVPool``, evaluated, and handed as numpy views to
-  the background writer (``runtimes/mlx/writer.py``), which stores them uncompressed in the local tier;
-  so is the prompt's partial last chunk (its *tail*, up to 63 tokens, in its own namespace), so the
-  same prompt again restores all SGLang matches (all but its last token) and prefills one token.
+* **write** (``checkpoint`` of a finished request; ``sglang_mlx_capture.ChunkCapture`` does it): the
+  request's full 64-token chunks that the store does not hold yet are gathered out of
+  ``MlxAttentionKVPool``, evaluated, and handed as numpy views to the background writer
+  (``runtimes/mlx/writer.py``), which stores them uncompressed in the local tier; so is the prompt's
+  partial last chunk (its *tail*, up to 63 tokens, in its own namespace), so the same prompt again
+  restores all SGLang matches (all but its last token) and prefills one token.
 * **read** (``match_prefix``): a short in-memory match is extended with the consecutive chunks the
   store holds (and the prompt's tail when every chunk before it is stored): pool slots are allocated
   (evicting if needed), the K/V rows installed (one copy per layer and K/V into the pool's memory), the tokens
@@ -47,8 +48,9 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from ..cooldown import RateLimitedLog
-from ..runtimes.mlx import ChunkRead, MlxChunkEngine, gather_chunks, gather_request_rows, settle_pool
+from ..runtimes.mlx import ChunkRead, MlxChunkEngine
 from ..runtimes.mlx.hybrid import HybridState
+from .sglang_mlx_capture import ChunkCapture
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -74,6 +76,7 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
         self.hybrid = hybrid
         self._active_hybrid: set[str] = set()
         self._gate = RateLimitedLog(_LOG_EVERY_S, log)
+        self._writes = ChunkCapture(engine, self._runner, self.req_to_token_pool, hybrid, self._pool)
 
     # ------------------------------------------------------------------ plumbing
     def _pool(self) -> Any | None:
@@ -299,97 +302,12 @@ class LifeboatMlxRadixCache(UnifiedRadixCache):
                 pool = self._pool()
                 if pool is not None:  # once per pool: the first restore does not pay it
                     self.lifeboat.prepare_pool(pool)
-                self._capture(req, up_to)
+                self._writes.capture(req, up_to)
             except Exception:
                 self.lifeboat.counters.add("mlx_capture_errors")
                 self._gate.log("capture", "lifeboat: copying a finished request's chunks failed; they "
                                "are not persisted", exc_info=True)
         super().checkpoint(req, up_to=up_to, **kwargs)
-
-    def _computed_len(self, req: "Req") -> int:
-        """Tokens whose KV the runner actually computed for this request (0 if it never ran)."""
-        cache = self._runner._req_caches.get(req.rid)
-        if cache is None:
-            return 0
-        return int(self._runner._first_attention_cache(cache).offset)
-
-    def _capture(self, req: "Req", up_to: int) -> None:
-        from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
-        eng = self.lifeboat
-        tracked = self.hybrid.take_tracked(req.rid) if self.hybrid is not None else None
-        if isinstance(req.finished_reason, FINISH_ABORT) or req.kv.req_pool_idx is None:
-            return
-        n = min(up_to, self._computed_len(req))
-        n_full = n // eng.chunk
-        if n_full <= 0:
-            return
-        tokens = req.full_untruncated_fill_ids
-        keys = eng.keys(eng.seed(req.extra_key, req.cache_salt), tokens, n_full)
-        affinity = eng.affinity(keys)
-        todo = eng.missing(keys)
-        if todo:
-            req_cache = self._runner._req_caches.get(req.rid)
-            layers = self._runner._cache_layout.full_attention_layer_indices
-            if req_cache is not None and all(req_cache[li].keys is not None for li in layers):
-                # the request's own caches hold the bytes SGLang copies into the pool rows; reading
-                # them leaves the pool's deferred writes deferred
-                eng.capture_from_request([req_cache[li] for li in layers], todo, [keys[i] for i in todo],
-                                         affinity)
-            else:
-                pool = self._pool()
-                if pool is None:
-                    return
-                row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-                slots = [row[i * eng.chunk:(i + 1) * eng.chunk].to(torch.int64).numpy() for i in todo]
-                eng.capture(pool, slots, [keys[i] for i in todo], affinity)
-        if self.hybrid is None:
-            self._capture_tail(req, keys, tokens, n, affinity)
-        if tracked is not None:
-            self._capture_state(req, tracked, keys, affinity)
-
-    def _capture_tail(self, req: "Req", keys: list[bytes], tokens: Any, n: int, affinity: int | None) -> None:
-        """Store the prompt's partial last chunk (what SGLang matches of the prompt past its full
-        chunks), so the same prompt restores as far as an in-memory hit would."""
-        eng = self.lifeboat
-        stop = len(req.origin_input_ids) - 1  # SGLang matches all but the last prompt token
-        if stop > n:
-            return
-        tail = eng.tail_of(keys, tokens, stop)
-        if tail is None or eng.writer.is_pending(tail[0]) or eng.has_tail(tail[0]):
-            return
-        t0 = time.perf_counter()
-        start = stop - tail[1]
-        req_cache = self._runner._req_caches.get(req.rid)
-        layers = self._runner._cache_layout.full_attention_layer_indices
-        if req_cache is not None and all(req_cache[li].keys is not None for li in layers):
-            kv = gather_request_rows([req_cache[li] for li in layers], start, stop)
-        else:
-            pool = self._pool()
-            if pool is None:
-                return
-            settle_pool(pool)
-            row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-            kv = gather_chunks(pool, row[start:stop].to(torch.int64).numpy(), tail[1])[0]
-        eng.capture_tail(kv, tail[0], affinity)
-        eng.clock.add("capture", time.perf_counter() - t0)
-
-    def _capture_state(self, req: "Req", tracked: tuple[int, int], keys: list[bytes],
-                       affinity: int | None) -> None:
-        boundary, slot = tracked
-        eng = self.lifeboat
-        if boundary % eng.chunk or boundary // eng.chunk > len(keys) or boundary <= 0:
-            return
-        buf = req.kv.mamba_ping_pong_track_buffer
-        if buf is None or int(buf[0]) != slot:
-            return  # the slot was reused: its content is no longer the boundary's state
-        key = keys[boundary // eng.chunk - 1]
-        if eng.has_states([key])[0]:
-            return
-        state = self.hybrid.snapshot_bytes(self.req_to_token_pool.auxiliary_state_pool, slot)
-        if state is not None:
-            eng.put_state(key, state, affinity)
-            eng.counters.add("mlx_states_captured")
 
     # ------------------------------------------------------------------ request end
     def _forget(self, rid: str) -> None:

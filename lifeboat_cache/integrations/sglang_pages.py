@@ -5,7 +5,7 @@ zero-copy (v1) and copying interfaces read each other's pages. Zero-copy pages a
 of the pool's own buffer: one or two blocks for `page_first*`, 2*L (MHA) or L (MLA) blocks for
 `layer_first`. A pool whose pages are not views of its own buffers goes through SGLang's copying
 accessors (`get_data_page` / `set_from_flat_data_page`). Used by `sglang_backend` and `sglang_keys`
-only (the leading underscores say so; the code moved here verbatim from `sglang_backend`).
+(`HostPool`, `as_numpy`, `page_tensors`, `flat_page_bytes`, `INT_OF_WIDTH` are their public API).
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from ..store import ChunkStore, PageBlocks
 
 log = logging.getLogger(__name__)
 
-_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
+def as_numpy(t: torch.Tensor) -> np.ndarray:
     """A numpy view (no copy) of a CPU tensor, as integers of the element's width.
 
     numpy has no bfloat16; the integer width keeps the codec's byte planes right (2-byte planes
     for bf16/fp16) and is the same for both interfaces, so both write identical records.
     """
-    return t.view(_INT_OF_WIDTH[t.element_size()]).numpy()
+    return t.view(INT_OF_WIDTH[t.element_size()]).numpy()
 
 
 def _blocks(a: np.ndarray) -> list[np.ndarray]:
@@ -42,14 +42,14 @@ def _blocks(a: np.ndarray) -> list[np.ndarray]:
     return [b for sub in a for b in _blocks(sub)]
 
 
-def _page_tensors(pool: Any, start: int) -> list[torch.Tensor]:
+def page_tensors(pool: Any, start: int) -> list[torch.Tensor]:
     """The tensors making one page, in the order of SGLang's flat page."""
     if hasattr(pool, "_iter_page_tensors") and pool.layout in ("page_first", "page_first_direct"):
         return list(pool._iter_page_tensors(start))  # MambaPoolHost: its get_data_page concatenates
     return [pool.get_data_page(start, flat=False)]
 
 
-def _flat_page_bytes(pool: Any) -> int:
+def flat_page_bytes(pool: Any) -> int:
     page = pool.get_dummy_flat_data_page()
     return page.numel() * page.element_size()
 
@@ -60,10 +60,10 @@ def _pages_are_views(pool: Any) -> bool:
         owned = pool.get_hybrid_pool_buffer() if hasattr(pool, "get_hybrid_pool_buffer") else pool.kv_buffer
         owned = owned if isinstance(owned, (list, tuple)) else [owned]
         storages = {t.untyped_storage().data_ptr() for t in owned}
-        tensors = _page_tensors(pool, 0)
-        blocks = [b for t in tensors for b in _blocks(_np(t))]
+        tensors = page_tensors(pool, 0)
+        blocks = [b for t in tensors for b in _blocks(as_numpy(t))]
         return (all(t.untyped_storage().data_ptr() in storages for t in tensors)
-                and sum(b.nbytes for b in blocks) == _flat_page_bytes(pool))
+                and sum(b.nbytes for b in blocks) == flat_page_bytes(pool))
     except Exception as e:  # an unknown pool or layout: SGLang's copying accessors still work
         log.info("lifeboat: %s pages are not plain views (%s); using SGLang's page copies",
                  type(pool).__name__, e)
@@ -112,7 +112,7 @@ class _BlockPlan:
             buf = host.kv_buffer
             if not isinstance(buf, torch.Tensor) or not buf.is_contiguous() or buf.device.type != "cpu":
                 return None
-            typed = _np(buf).reshape(-1)
+            typed = as_numpy(buf).reshape(-1)
             flat, base = typed.view(np.uint8), typed.ctypes.data  # byte offsets from here on
             b0 = generic(0)
             if any(b.dtype != typed.dtype for b in b0):
@@ -148,14 +148,14 @@ class _BlockPlan:
         return PageBlocks(self.blocks(start), self.itemsize, self.dtype, self.writable)
 
 
-class _Pool:
+class HostPool:
     """One registered host pool: its namespace and how its pages become buffers."""
 
     def __init__(self, name: str, host: Any, ns: bytes, replicated: bool, zero_copy: bool) -> None:
         self.name, self.host, self.ns, self.replicated = name, host, ns, replicated
         # slots per page in host_indices (SGLang's logical page; the physical one differs only under DCP)
         self.page_size = int(getattr(host, "logical_page_size", None) or getattr(host, "page_size", 1) or 1)
-        self.page_bytes = _flat_page_bytes(host)
+        self.page_bytes = flat_page_bytes(host)
         self.zero_copy = zero_copy and _pages_are_views(host)
         self._plan = _BlockPlan.of(host, self.page_size, self._walk) if self.zero_copy else None
 
@@ -166,7 +166,7 @@ class _Pool:
         return host_indices[:: self.page_size].tolist()
 
     def _walk(self, start: int) -> list[np.ndarray]:
-        return [b for t in _page_tensors(self.host, start) for b in _blocks(_np(t))]
+        return [b for t in page_tensors(self.host, start) for b in _blocks(as_numpy(t))]
 
     def views(self, start: int) -> list[np.ndarray]:
         """The page's blocks as 1-D views of the pool, in flat page order."""
@@ -183,14 +183,14 @@ class _Pool:
         if self.zero_copy:
             bufs: list[object] = [self.page(s) for s in starts]
         else:
-            bufs = [_np(self.host.get_data_page(s, flat=True)) for s in starts]
+            bufs = [as_numpy(self.host.get_data_page(s, flat=True)) for s in starts]
         return store.put(self.ns, keys, bufs, affinity=affinity)
 
     def read(self, store: ChunkStore, keys: Sequence[str], starts: list[int]) -> list[bool]:
         if self.zero_copy:
             return store.get_into(self.ns, keys, [self.page(s) for s in starts])
         flats = [self.host.get_dummy_flat_data_page() for _ in starts]
-        ok = store.get_into(self.ns, keys, [_np(f) for f in flats])
+        ok = store.get_into(self.ns, keys, [as_numpy(f) for f in flats])
         for start, flat, good in zip(starts, flats, ok):
             if good:
                 self.host.set_from_flat_data_page(start, flat)

@@ -521,7 +521,7 @@ def test_trace_logs_one_line_per_call(tmp_path, caplog):
 
 
 def test_trace_lines_of_v2_and_copying_calls(tmp_path, caplog):
-    """The backend's _TRACE_LINES: one line per pool of a v2 call, and the copying interface's calls."""
+    """The backend's TRACE_LINES (sglang_trace): one line per pool of a v2 call, and the copying interface's calls."""
     _, host = mha_pools("page_first")
     keys = page_keys(_tokens(8), 4)
     slots = host.alloc(32)

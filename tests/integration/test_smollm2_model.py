@@ -104,7 +104,7 @@ def test_incomplete_directory_is_replaced(tmp_path: Path, monkeypatch: pytest.Mo
 
     def fake_build(gguf: Path, out_dir: Path, *, dtype: str, layout: str = "mlx") -> None:
         built_in.append(out_dir)
-        for name in smollm2._REQUIRED_FILES:
+        for name in smollm2.REQUIRED_FILES:
             (out_dir / name).write_text("x")
         marker = {"format_version": smollm2.FORMAT_VERSION, "dtype": dtype, "layout": layout,
                   "gguf_size": gguf.stat().st_size}

@@ -352,20 +352,20 @@ def test_reopen_of_many_segments_indexes_every_entry(tmp_path) -> None:
     (segments newer than it, one changed under it), every trailer entry is indexed at its location."""
     import os
 
-    from lifeboat_cache.bench.index_scale import PER_UNIT, _make_store, _open_dir
+    from lifeboat_cache.bench.index_reopen import PER_UNIT, make_store, open_dir
     from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
 
     root = str(tmp_path)
     n_old = 12 * PER_UNIT + 17
-    keys = _make_store(root, n_old)
-    d = _open_dir(root)
+    keys = make_store(root, n_old)
+    d = open_dir(root)
     d.open(background=False)
     d.close()
     assert os.path.exists(os.path.join(root, SNAPSHOT_NAME))
-    keys = np.concatenate([keys, _make_store(root, 9 * PER_UNIT, first_unit=13)])
+    keys = np.concatenate([keys, make_store(root, 9 * PER_UNIT, first_unit=13)])
 
     def check() -> None:
-        d = _open_dir(root)
+        d = open_dir(root)
         d.open(background=False)
         try:
             assert d.rebuilt and len(d.index) == len(keys)

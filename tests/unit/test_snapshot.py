@@ -3,7 +3,7 @@ snapshot can be unusable (version, truncation, a flipped byte, stale against the
 a crashed save), each of which must end in a full, correct index rebuilt by scan.
 
 Real files throughout: sealed segments with real trailers (sparse, from the index benchmark's
-`_make_store`), opened by the real SegmentDir.
+`make_store`), opened by the real SegmentDir.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lifeboat_cache.bench.index_scale import PER_UNIT, _make_store, _open_dir
+from lifeboat_cache.bench.index_reopen import PER_UNIT, make_store, open_dir
 from lifeboat_cache.index import DEAD, SHARDS, Index, Loc, mix_keys, shard_of, unmix_keys
 from lifeboat_cache.tiers import snapshot as snap
 from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
@@ -27,8 +27,8 @@ N = 3 * PER_UNIT + 77
 def _store(tmp_path: Path) -> tuple[str, np.ndarray]:
     """A directory of sealed segments and a clean close's snapshot of them."""
     root = str(tmp_path)
-    keys = _make_store(root, N)
-    d = _open_dir(root)
+    keys = make_store(root, N)
+    d = open_dir(root)
     d.open(background=False)
     d.close()
     assert os.path.exists(os.path.join(root, SNAPSHOT_NAME))
@@ -36,7 +36,7 @@ def _store(tmp_path: Path) -> tuple[str, np.ndarray]:
 
 
 def _reopen(root: str):
-    d = _open_dir(root)
+    d = open_dir(root)
     d.open(background=False)
     d.stop_refresh()  # no refresh thread work, no snapshot save
     return d
@@ -69,7 +69,7 @@ def test_each_shard_answers_once_loaded_and_misses_before(tmp_path: Path) -> Non
     """Between two shard installs, a key of a loaded shard hits at its right place and a key of a shard
     not yet loaded misses: never a wrong location."""
     root, keys = _store(tmp_path)
-    d = _open_dir(root)
+    d = open_dir(root)
     truth = {}
     names = sorted(f for f in os.listdir(root) if f.endswith(".seg"))
     for i, k in enumerate(keys.tolist()):
@@ -167,7 +167,7 @@ def test_stale_snapshot_against_segments(tmp_path: Path, caplog) -> None:
     # unit 3 (the last, partly full) is removed; a new one appears after it
     os.unlink(os.path.join(root, names[3]))
     keep = np.r_[0:3 * PER_UNIT]
-    keys = np.concatenate([keys[keep], _make_store(root, PER_UNIT // 2, first_unit=4)])
+    keys = np.concatenate([keys[keep], make_store(root, PER_UNIT // 2, first_unit=4)])
     Path(root, SNAPSHOT_NAME).write_bytes(saved)
     with caplog.at_level(logging.WARNING):
         d = _reopen(root)

@@ -110,10 +110,11 @@ def test_exceptions_of_the_traced_call_pass_through_unlogged(caplog) -> None:
 def test_backend_trace_table_covers_every_public_method() -> None:
     pytest.importorskip("sglang")
     from lifeboat_cache.integrations import sglang_backend as sb
+    from lifeboat_cache.integrations import sglang_trace
 
     public = {name for name, fn in vars(sb.LifeboatHiCacheStorage).items()
               if not name.startswith("_") and (inspect.isfunction(fn) or callable(fn))}
-    traced, untraced = set(sb._TRACE_LINES), set(sb._NOT_TRACED)
+    traced, untraced = set(sglang_trace.TRACE_LINES), set(sglang_trace.NOT_TRACED)
     assert traced & untraced == set(), f"both traced and not: {traced & untraced}"
     assert public - traced - untraced == set(), f"public methods in neither trace table: {public - traced - untraced}"
     assert (traced | untraced) - public == set(), f"tables name methods the class lacks: {(traced | untraced) - public}"

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
 
@@ -21,7 +21,6 @@ from ...background import BoundedWriter, WriterCounters
 
 if TYPE_CHECKING:
     from ...store import ChunkStore
-    from .engine import MlxChunkEngine
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +133,14 @@ class ChunkWriter:
         return self._writer.close(timeout)
 
 
-def drain_at_exit(engine: "MlxChunkEngine", timeout_s: float) -> None:
+class Drainable(Protocol):
+    """What `drain_at_exit` closes: an `MlxChunkEngine` (or its `ChunkWriter`). A protocol, so this module
+    need not import the engine, which imports it."""
+
+    def close(self, timeout: float | None = 30.0) -> Any: ...
+
+
+def drain_at_exit(engine: Drainable, timeout_s: float) -> None:
     """Close ``engine`` (drain its writer within ``timeout_s``) at a clean interpreter exit.
 
     Registered with ``threading``'s exit hooks, which run before ``atexit`` and, being registered

@@ -1,0 +1,136 @@
+"""What serving processes did, from their stats files only (`stats` and `ls` never write to the store):
+the activity part of `lifeboat stats` and the whole of `lifeboat ls`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from ..config import ConfigError, Settings, format_size, load_settings
+
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(text: str) -> float:
+    """'90s', '30m', '24h', '7d', '2w' -> seconds."""
+    t = text.strip().lower()
+    try:
+        if t[-1:] in AGE_UNITS:
+            v = float(t[:-1]) * AGE_UNITS[t[-1]]
+        else:
+            v = float(t)
+    except ValueError:
+        v = -1.0
+    if v <= 0:
+        raise ConfigError(f"--since {text!r}: expected an age such as 30m, 24h or 7d")
+    return v
+
+
+def collect_activity(settings: Settings, since_s: float, now: float | None = None) -> dict[str, Any]:
+    """Counters of live and recent serving processes, summed, from their stats files."""
+    from .. import metrics, statsfile
+
+    now = time.time() if now is None else now
+    directory = statsfile.stats_dir(settings)
+    recs = [r for r in statsfile.read_stats_files(directory) if now - float(r.get("updated", 0)) <= since_s]
+    live = [r for r in recs if statsfile.is_live(r, now)]
+    c = statsfile.sum_dicts(r.get("counters") or {} for r in recs)
+    keys, hits = c.get("lookup_keys", 0), c.get("lookup_hits", 0)
+    errors = [r["last_error"] | {"pid": r.get("pid"), "host": r.get("host")} for r in recs if r.get("last_error")]
+    cooldowns = []
+    for r in live:
+        for t in r.get("tiers") or []:
+            for op in ("reads", "writes"):
+                if t.get(f"{op}_cooling_down"):
+                    cooldowns.append({"tier": t["tier"], "op": op, "pid": r.get("pid"), "host": r.get("host")})
+    raw, stored = c.get("bytes_written_raw", 0), c.get("bytes_written_stored", 0)
+    return {
+        "stats_dir": str(directory),
+        "processes": {"live": len(live), "recent": len(recs) - len(live), "since_s": since_s},
+        "activity": {
+            "hit_rate": round(hits / keys, 4) if keys else None, "lookup_keys": keys, "lookup_hits": hits,
+            "pages_read": c.get("pages_read", 0), "read_misses": c.get("read_misses", 0),
+            "misses_by_reason": metrics.misses_by_reason(c), "drops_by_reason": metrics.drops_by_reason(c),
+            "bytes_in": raw, "bytes_in_stored": stored, "bytes_out": c.get("bytes_read", 0),
+            "pages_written": c.get("pages_written", 0), "promotions": c.get("promotions", 0),
+            "copies": c.get("copies", 0), "quarantined": c.get("quarantined", 0),
+            "latency": statsfile.merge_histograms(recs),
+        },
+        "namespaces": statsfile.merge_namespaces(recs),
+        "cooldowns": cooldowns,
+        "last_error": max(errors, key=lambda e: e["time"]) if errors else None,
+    }
+
+
+def _pct_of(h: dict[str, Any], q: float) -> str:
+    """Upper bucket bound holding the q-quantile (a histogram only bounds it)."""
+    from ..metrics import LATENCY_BUCKETS_S
+
+    target, seen = q * h["count"], 0
+    for i, n in enumerate(h["buckets"]):
+        seen += n
+        if seen >= target and n:
+            return f"<={LATENCY_BUCKETS_S[i] * 1e3:g} ms" if i < len(LATENCY_BUCKETS_S) else ">10 s"
+    return "n/a"
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "never"
+
+
+def print_activity(stats: dict[str, Any]) -> None:
+    a, p = stats["activity"], stats["processes"]
+    print(f"serving processes: {p['live']} live, {p['recent']} recent (within {p['since_s'] / 3600:g} h); "
+          f"stats files in {stats['stats_dir']}")
+    rate = f"{100 * a['hit_rate']:.1f}%" if a["hit_rate"] is not None else "n/a (no lookups yet)"
+    print(f"  hit rate: {rate} ({a['lookup_hits']} of {a['lookup_keys']} pages looked up were stored)")
+    print(f"  reads: {a['pages_read']} pages served, {a['read_misses']} misses")
+    print("  misses by reason: " + ", ".join(f"{k} {v}" for k, v in a["misses_by_reason"].items()))
+    print("  writes dropped by reason: " + ", ".join(f"{k} {v}" for k, v in a["drops_by_reason"].items()))
+    print(f"  bytes in: {format_size(a['bytes_in'], 1)} ({format_size(a['bytes_in_stored'], 1)} stored); "
+          f"bytes out: {format_size(a['bytes_out'], 1)}")
+    for op, h in sorted(a["latency"].items()):
+        print(f"  {op} calls: {h['count']}, p50 {_pct_of(h, 0.5)}, p99 {_pct_of(h, 0.99)}")
+    cds = stats["cooldowns"]
+    print("  cooldowns: " + (", ".join(f"{c['tier']} {c['op']} (pid {c['pid']})" for c in cds) if cds else "none"))
+    e = stats["last_error"]
+    print(f"  last error: {_when(e['time'])} pid {e['pid']}: {e['message']}" if e else "  last error: none")
+    print_namespaces(stats["namespaces"], indent="  ")
+
+
+def print_namespaces(namespaces: dict[str, dict[str, Any]], indent: str = "") -> None:
+    if not namespaces:
+        print(f"{indent}namespaces: none written by a serving process yet")
+        return
+    rows = sorted(namespaces.items(), key=lambda kv: (kv[1]["labels"].get("model", ""), kv[0]))
+    print(f"{indent}{'MODEL':<32} {'POOL/KIND':<12} {'RANK':<5} {'NAMESPACE':<17} {'PAGES':>9} "
+          f"{'BYTES':>11}  LAST WRITE")
+    for ns, d in rows:
+        lab = d["labels"]
+        print(f"{indent}{lab.get('model', '?')[-32:]:<32} {lab.get('pool', lab.get('kind', '-')):<12} "
+              f"{lab.get('rank', '-'):<5} {ns[:16]:<17} {d['pages_written']:>9} "
+              f"{format_size(d['bytes_written'], 1):>11}  {_when(d['last_write'])}")
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """Models / namespaces with pages, bytes and last write, from the serving processes' stats files."""
+    from .. import statsfile
+
+    settings = load_settings(args.config)
+    directory = statsfile.stats_dir(settings)
+    namespaces = statsfile.merge_namespaces(statsfile.read_stats_files(directory))
+    if args.json:
+        print(json.dumps({"stats_dir": str(directory), "namespaces": namespaces}, indent=2))
+        return 0
+    print(f"store: {settings.source}; pages and bytes written per namespace (stats files in {directory})")
+    print_namespaces(namespaces)
+    return 0
+
+
+def add_ls_parser(sub: Any) -> None:
+    sp = sub.add_parser("ls", help="models / namespaces with pages, bytes and last write")
+    sp.add_argument("--config", help="path to lifeboat.yaml (default: the usual lookup)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(func=cmd_ls)
