@@ -16,7 +16,7 @@ from .sizes import SECTIONS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """The `bench` subcommand's arguments (cli.py calls this)."""
+    """The `bench` subcommand's arguments (the cli calls this)."""
     p = sub.add_parser("bench", help="measure everything in one run: table, results.json, PNG plots")
     p.add_argument("--out", default="bench-results", help="results folder (default: bench-results/)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, end to end (CI): a few minutes, most of it "

@@ -112,7 +112,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         unreadable = store.drop_unreadable()
         freed = store.gc()
         compacted: dict[str, int] = {}
-        for tier in store.tiers:  # then remove purged / dead records' bytes (tiers/compaction.py)
+        for tier in store.tiers:  # then remove purged / dead records' bytes (tiers/segments/compaction.py)
             if isinstance(tier, SegmentDirs):
                 for k, v in compact_tier(tier, below).items():
                     compacted[k] = compacted.get(k, 0) + v
