@@ -70,8 +70,15 @@ def write(config: str, threads: int, pages: int, hold: int, close: bool) -> None
     ts = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(threads)]
     for t in ts:
         t.start()
-    for t in ts:
-        t.join(timeout=None if hold < 0 else 2)  # the thread holding the write never ends
+    if hold < 0:
+        for t in ts:
+            t.join()
+    else:
+        # The put whose write is held never returns; every other thread finishes (however slow a loaded
+        # machine is: a fixed wait per thread once printed DONE before any page was acknowledged).
+        deadline = time.monotonic() + 120
+        while sum(t.is_alive() for t in ts) > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
     if close:
         st.close()
     sys.stdout.write("DONE\n")
