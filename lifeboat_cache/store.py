@@ -298,12 +298,14 @@ class ChunkStore:
             except OSError as e:
                 log.warning("lifeboat: flush of %s failed: %s", t.name, e)
 
-    def close(self) -> None:
+    def close(self, copy_timeout_s: float = CLOSE_COPY_TIMEOUT_S) -> None:
+        """Stop the io threads, finish queued background copies (up to `copy_timeout_s`; the rest are
+        dropped and counted), close every tier (open segments sealed, index snapshots saved)."""
         if self.io.closed:
             return
         self.io.close()
         if self.copier is not None:
-            self.copier.close(CLOSE_COPY_TIMEOUT_S)
+            self.copier.close(copy_timeout_s)
         for t in self.tiers:
             try:
                 t.close()

@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from collections import deque
+from multiprocessing import util as mp_util
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -60,6 +61,10 @@ from .sglang_trace import TRACE_LINES
 log = logging.getLogger(__name__)
 
 _METRIC_SAMPLES = 4096  # per-call samples kept for get_stats() between two scrapes
+# SGLang 0.5.23 never closes its storage backend on a graceful shutdown (release_host_resources only
+# frees the host pools), and SIGKILLs a scheduler still alive 15 s after its ShutdownReq
+# (tokenizer_manager._SCHEDULER_EXIT_TIMEOUT_SECS): the store closes itself at process exit, within this.
+EXIT_COPY_TIMEOUT_S = 8.0
 
 
 def _leading(hits: Sequence[bool]) -> int:
@@ -117,6 +122,8 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         if self.trace:
             trace_calls(self, TRACE_LINES, log)
         self._closed = False
+        # runs in SGLang's scheduler process (a multiprocessing child) when it exits, and in a main process
+        mp_util.Finalize(None, self.close, kwargs={"copy_timeout_s": EXIT_COPY_TIMEOUT_S}, exitpriority=10)
         log.info("lifeboat: HiCache L3 backend (tp %d/%d, pp %d/%d, %s, %s) on %s",
                  storage_config.tp_rank, storage_config.tp_size, storage_config.pp_rank,
                  storage_config.pp_size, "MLA" if storage_config.is_mla_model else "MHA",
@@ -361,14 +368,21 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         log.warning("lifeboat: clear is not supported (the store may be shared); "
                     "use `lifeboat gc` or remove the storage directory while no server uses it")
 
-    def close(self) -> None:
-        """Flush and close the store; idempotent."""
+    def close(self, copy_timeout_s: Optional[float] = None) -> None:
+        """Flush and close the store (segments sealed, index snapshot saved, the last stats written);
+        idempotent. `copy_timeout_s` bounds the wait for queued background copies to lower tiers (at
+        process exit: what is still queued then is dropped and counted; acknowledged pages are on tier 0)."""
         if self._closed:
             return
         self._closed = True
         try:
-            self.store.flush()
+            if copy_timeout_s is None:
+                self.store.flush()
             self.reporter.close()
-            self.store.close()
+            if copy_timeout_s is None:
+                self.store.close()
+            else:
+                self.store.close(copy_timeout_s=copy_timeout_s)
+            log.info("lifeboat: store closed")
         except Exception as e:
             log.warning("lifeboat: close failed: %s", e)

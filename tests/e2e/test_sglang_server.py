@@ -45,6 +45,7 @@ try:
 except FileNotFoundError as e:  # pragma: no cover - the CI conftest turns skips into failures
     pytest.skip(str(e), allow_module_level=True)
 from lifeboat_cache.testing.child_process import LOOPBACK  # noqa: E402
+from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME  # noqa: E402
 from lifeboat_cache.testing.sglang_server import (  # noqa: E402
     ServerFailed,
     SGLangServer,
@@ -120,12 +121,15 @@ def lifecycle(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     with a:
         out["cold_P"] = a.generate(p_ids, NEW_TOKENS)
         out["pages_A"] = settle(a, len(p_ids) // PAGE)
+    out["closed_A"] = "lifeboat: store closed" in a.log_path.read_text(errors="replace")
+    out["snapshot_after_A"] = (root / "store" / SNAPSHOT_NAME).exists()
     out["records_A"] = verify(config)
 
     b = server(model, root, "b", config)
     b.start()
     try:
         out["warm_P"] = b.generate(p_ids, NEW_TOKENS)
+        out["log_B"] = b.log_path.read_text(errors="replace")
         out["metrics_B"] = b.metrics_text()
         b.wait_metric("lifeboat_hits_total", 1, timeout=30)  # the read reached our counters too
         out["metrics_B_after_tick"] = b.metrics_text()
@@ -154,6 +158,15 @@ def test_restart_serves_the_prompt_from_lifeboat(lifecycle: dict) -> None:
     assert warm.storage_tokens == whole_pages(cold.prompt_tokens), warm.cached_details
     assert warm.cached_details.get("device", 0) == 0 and warm.cached_details.get("host", 0) == 0
     assert warm.output_ids == cold.output_ids and len(warm.output_ids) == NEW_TOKENS
+
+
+def test_sigterm_closes_the_store(lifecycle: dict) -> None:
+    """SGLang 0.5.23 never closes its storage backend on a graceful shutdown; the store closes itself when
+    the scheduler process exits: segments sealed and the index snapshot saved, so the next server loads
+    the snapshot instead of scanning, and finds no orphan segment to adopt."""
+    assert lifecycle["closed_A"] and lifecycle["snapshot_after_A"]
+    assert "loaded index snapshot" in lifecycle["log_B"]
+    assert "sealed orphan segment" not in lifecycle["log_B"]
 
 
 def test_restart_shows_in_sglang_and_lifeboat_metrics(lifecycle: dict) -> None:

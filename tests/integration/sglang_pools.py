@@ -198,17 +198,10 @@ class CpuHiCache:
 
 
 
-def _child_main() -> None:
-    """`python sglang_pools.py DIR LAYOUT {mha,mla} TP_RANK TP_SIZE PAGES SEED OUT`: back up PAGES
-    random pages through the controller in this process, save their flat bytes to OUT (.npy), exit.
-
-    The restart and cross-rank tests run it as a separate process.
-    """
-    import sys
-
+def _backup_pages(path: str, layout: str, kind: str, tp_rank: str, tp_size: str, pages: str, seed: str, out: str,
+                  close: bool) -> None:
     import numpy as np
 
-    path, layout, kind, tp_rank, tp_size, pages, seed, out = sys.argv[1:9]
     dev, host = (mla_pools if kind == "mla" else mha_pools)(layout)
     cache = CpuHiCache(dev, host, lifeboat_extra(Path(path)), tp_rank=int(tp_rank), tp_size=int(tp_size))
     tokens = list(range(int(seed) * 100_000, int(seed) * 100_000 + int(pages) * host.page_size))
@@ -216,8 +209,30 @@ def _child_main() -> None:
     fill_random(host, slots, seed=int(seed))
     done = cache.backup(tokens, slots, prefix_keys=[])
     np.save(out, np.frombuffer(b"".join(flat_pages(host, slots)), dtype=np.uint8))
-    cache.close()
+    if close:
+        cache.close()
     print(f"backed up {done} tokens", flush=True)
+
+
+def _child_main() -> None:
+    """`python sglang_pools.py DIR LAYOUT {mha,mla} TP_RANK TP_SIZE PAGES SEED OUT [noclose]`: back up PAGES
+    random pages through the controller in this process, save their flat bytes to OUT (.npy), exit.
+    `noclose`: the backup runs in a multiprocessing spawn child that returns without detaching the
+    backend, as SGLang 0.5.23's scheduler process does on a graceful shutdown.
+
+    The restart and cross-rank tests run it as a separate process.
+    """
+    import multiprocessing
+    import sys
+
+    args = sys.argv[1:9]
+    if sys.argv[9:10] != ["noclose"]:
+        _backup_pages(*args, close=True)
+        return
+    proc = multiprocessing.get_context("spawn").Process(target=_backup_pages, args=(*args, False))
+    proc.start()
+    proc.join()
+    sys.exit(proc.exitcode)
 
 
 if __name__ == "__main__":

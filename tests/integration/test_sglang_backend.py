@@ -9,6 +9,7 @@ or the store is stubbed; fault tests wrap a real tier in the project's `FaultyTi
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -22,6 +23,8 @@ import torch
 from lifeboat_cache.config import ConfigError
 from lifeboat_cache.keys import digests
 from lifeboat_cache.testing.faults import FaultyTier
+from lifeboat_cache.tiers.segments.format import read_table
+from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
 
 sglang_pools = pytest.importorskip("sglang_pools", reason="SGLang 0.5.23 is not installed")
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
@@ -60,10 +63,11 @@ def _backend(tmp_path: Path, host, *, mla: bool = False, tp_rank: int = 0, tp_si
     return create_backend(cfg, {PoolName.KV: host})
 
 
-def _child(tmp_path: Path, layout: str, kind: str, tp_rank: int, tp_size: int, pages: int, seed: int):
+def _child(tmp_path: Path, layout: str, kind: str, tp_rank: int, tp_size: int, pages: int, seed: int,
+           *extra: str):
     out = tmp_path / f"expected-{seed}.npy"
     cmd = [sys.executable, str(CHILD), str(tmp_path / "store"), layout, kind, str(tp_rank), str(tp_size),
-           str(pages), str(seed), str(out)]
+           str(pages), str(seed), str(out), *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out
 
 
@@ -208,6 +212,33 @@ def test_copy_fallback_and_zero_copy_read_each_others_pages(tmp_path, monkeypatc
 
 
 # ------------------------------------------------------------------ restart, ranks
+def test_a_scheduler_exiting_without_close_still_closes_the_store(tmp_path):
+    """SGLang 0.5.23's scheduler returns on a graceful shutdown without closing its storage backend; the
+    store closes itself at that process's exit: every segment sealed (a trailer), the index snapshot
+    saved, and the next backend reads every page back."""
+    proc, out = _child(tmp_path, "page_first", "mha", 0, 1, 40, 5, "noclose")
+    expected = _wait_child(proc, out)
+    store = tmp_path / "store"
+    segments = sorted(store.glob("*.seg"))
+    assert segments and (store / SNAPSHOT_NAME).exists()
+    for seg in segments:
+        fd = os.open(seg, os.O_RDONLY)
+        try:
+            assert read_table(fd, os.fstat(fd).st_size) is not None, f"{seg.name} left unsealed"
+        finally:
+            os.close(fd)
+    dev, host = mha_pools("page_first")
+    cache = CpuHiCache(dev, host, lifeboat_extra(store))
+    try:
+        tokens = _tokens(40, base=5 * 100_000)
+        _wait_for_hits(cache.backend, page_keys(tokens, 4), 40)
+        got = cache.prefetch(tokens)
+        assert got["loaded_tokens"] == len(tokens)
+        assert b"".join(flat_pages(host, got["host_indices"])) == expected
+    finally:
+        cache.close()
+
+
 def test_restart_in_a_new_process_hits(tmp_path):
     """Pages backed up by one process (which then exits) are found and read by a new backend."""
     proc, out = _child(tmp_path, "page_first", "mha", 0, 1, 300, seed=7)
