@@ -86,15 +86,8 @@ def tables(res: dict[str, Any]) -> str:
                 "| CPU s/GB cold read: lifeboat / file |",
                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for x in s["cases"]:
-            g, cp = x["gb_s"], x["cpu_s_per_gb"]
-            out.append(
-                f"| {x['shape']} | {x['layout']} | {x['kind']} | {x['pages']} x {x['page_bytes'] / 2**20:.2f} "
-                f"| {_spread(x['ratio']['write'])}x | {_spread(x['ratio']['cold_read'])}x "
-                f"| {_spread(x['ratio']['warm_read'])}x "
-                f"| {_headroom(pf.get('write_buffered_gb_s'), g['file']['write'])} "
-                f"| {_three(g['lifeboat'])} | {_three(g['file'])} "
-                f"| {cp['lifeboat']['write']['median']:.2f} / {cp['file']['write']['median']:.2f} "
-                f"| {cp['lifeboat']['cold_read']['median']:.2f} / {cp['file']['cold_read']['median']:.2f} |")
+            out.append(_case_row(x, "lifeboat", "file",
+                                 _headroom(pf.get("write_buffered_gb_s"), x["gb_s"]["file"]["write"])))
     else:
         out.append(section_status(s))
     out += sealing_table(res["sections"].get("sealing"))
@@ -182,15 +175,19 @@ def sealing_table(se: Any) -> list[str]:
             "| shape | layout | data | pages x MiB | write | cold read | warm read | sealed GB/s w / cold / warm "
             "| unsealed GB/s w / cold / warm | CPU s/GB write: sealed / unsealed | CPU s/GB cold read: "
             "sealed / unsealed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for x in se["cases"]:
-        g, cp = x["gb_s"], x["cpu_s_per_gb"]
-        out.append(
-            f"| {x['shape']} | {x['layout']} | {x['kind']} | {x['pages']} x {x['page_bytes'] / 2**20:.2f} "
-            f"| {_spread(x['ratio']['write'])}x | {_spread(x['ratio']['cold_read'])}x "
-            f"| {_spread(x['ratio']['warm_read'])}x | {_three(g['sealed'])} | {_three(g['unsealed'])} "
-            f"| {cp['sealed']['write']['median']:.2f} / {cp['unsealed']['write']['median']:.2f} "
-            f"| {cp['sealed']['cold_read']['median']:.2f} / {cp['unsealed']['cold_read']['median']:.2f} |")
+    out += [_case_row(x, "sealed", "unsealed") for x in se["cases"]]
     return out
+
+
+def _case_row(x: dict[str, Any], a: str, b: str, *extra: str) -> str:
+    """One case of a side-by-side section (sglang_vs_file: lifeboat / file; sealing: sealed / unsealed):
+    shape, ratios a / b, `extra` cells, then a's and b's GB/s and CPU seconds per GB."""
+    g, cp = x["gb_s"], x["cpu_s_per_gb"]
+    cells = [x["shape"], x["layout"], x["kind"], f"{x['pages']} x {x['page_bytes'] / 2**20:.2f}",
+             *(f"{_spread(x['ratio'][op])}x" for op in ("write", "cold_read", "warm_read")), *extra,
+             _three(g[a]), _three(g[b]),
+             *(f"{cp[a][op]['median']:.2f} / {cp[b][op]['median']:.2f}" for op in ("write", "cold_read"))]
+    return "| " + " | ".join(cells) + " |"
 
 
 def _ms(s: Any) -> str:
