@@ -298,14 +298,15 @@ class ChunkStore:
             except OSError as e:
                 log.warning("lifeboat: flush of %s failed: %s", t.name, e)
 
-    def close(self, copy_timeout_s: float = CLOSE_COPY_TIMEOUT_S) -> None:
-        """Stop the io threads, finish queued background copies (up to `copy_timeout_s`; the rest are
-        dropped and counted), close every tier (open segments sealed, index snapshots saved)."""
+    def close(self, copy_timeout_s: float | None = None) -> None:
+        """Stop the io threads, finish queued background copies (up to `copy_timeout_s`, default
+        CLOSE_COPY_TIMEOUT_S; the rest are dropped and counted), close every tier (open segments sealed,
+        index snapshots saved)."""
         if self.io.closed:
             return
         self.io.close()
         if self.copier is not None:
-            self.copier.close(copy_timeout_s)
+            self.copier.close(CLOSE_COPY_TIMEOUT_S if copy_timeout_s is None else copy_timeout_s)
         for t in self.tiers:
             try:
                 t.close()

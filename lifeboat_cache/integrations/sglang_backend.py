@@ -379,10 +379,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
             if copy_timeout_s is None:
                 self.store.flush()
             self.reporter.close()
-            if copy_timeout_s is None:
-                self.store.close()
-            else:
-                self.store.close(copy_timeout_s=copy_timeout_s)
+            self.store.close(copy_timeout_s)
             log.info("lifeboat: store closed")
         except Exception as e:
             log.warning("lifeboat: close failed: %s", e)
