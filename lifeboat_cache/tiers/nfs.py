@@ -172,18 +172,6 @@ class NfsSegmentDir(SegmentDir):
         super().__init__(path, eviction=self.nfs, sharing=self.nfs, **kw)
         self.nfs.attach(self)
 
-    @property
-    def stale_unsealed_s(self) -> float:
-        return self.nfs.stale_unsealed_s
-
-    @stale_unsealed_s.setter
-    def stale_unsealed_s(self, value: float) -> None:
-        self.nfs.stale_unsealed_s = value
-
-    @property
-    def evict_abandoned_s(self) -> float:
-        return self.nfs.evict_abandoned_s
-
 
 class NfsTier(LocalTier):
     kind = "nfs"

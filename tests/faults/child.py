@@ -195,7 +195,7 @@ def snapwrite(config: str, after: int) -> None:
     while d.counters["snapshot_saves"] == 0 and time.monotonic() < deadline:
         put(16)
         time.sleep(0.01)
-    d.snapshot_interval_s = 1e9  # no later periodic snapshot: what follows is only in segments
+    d.snapshots.interval_s = 1e9  # no later periodic snapshot: what follows is only in segments
     sys.stdout.write(f"SNAP {os.path.exists(snap_file)}\n")
     put(after)
     sys.stdout.write("DONE\n")

@@ -194,7 +194,7 @@ def test_crashed_writers_torn_segment_is_skipped(tmp_path: Path, host: str) -> N
         if host != "-":
             # another host's writer: no pid to check; its segment is trusted once it stops growing
             assert st.count_leading_hits(NS, ["ok-0"]) == 0, "an unsealed foreign segment was served before it went stale"
-            d.stale_unsealed_s = 0.3
+            d.nfs.stale_unsealed_s = 0.3
         keys = [f"ok-{i}" for i in range(20)]
         deadline = time.monotonic() + 10
         while st.count_leading_hits(NS, keys) < 20 and time.monotonic() < deadline:

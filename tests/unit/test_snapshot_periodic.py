@@ -1,8 +1,8 @@
 """Periodic index snapshots (tiers/segments/snapshots.py `Snapshots.maybe_save`): written by the index thread while the
 store serves, loadable, and harmless when the write fails.
 
-Real parts: a real ChunkStore over a local tier on real files; the thresholds are lowered per directory
-(`snapshot_interval_s`, `snapshot_min_segments`) so a test sees a snapshot within seconds.
+Real parts: a real ChunkStore over a local tier on real files; the thresholds are lowered for the test
+(`SNAPSHOT_INTERVAL_S`, `SNAPSHOT_MIN_SEGMENTS`) so a test sees a snapshot within seconds.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_a_process_skips_its_turn_while_another_wrote_the_snapshot_lately(tmp_pa
     st = _store(tmp_path, monkeypatch)
     d = st.tiers[0].dirs[0]
     try:
-        d.snapshot_interval_s = 3600.0  # not due by time: driven by hand below
+        d.snapshots.interval_s = 3600.0  # not due by time: driven by hand below
         _put(st, 0, 600)
         d.seal()
         assert _wait(lambda: d.snapshots.due())

@@ -71,7 +71,7 @@ class TestNfsTier(SegmentRaw, TierTests):
                           segment_bytes=SEGMENT_BYTES, seal_after_s=0.5, refresh_interval_s=0.1)
         tier = NfsTier(ts)
         for d in tier.dirs:
-            d.stale_unsealed_s = 0.0  # the dead writer's segment below is adopted at first sight
+            d.nfs.stale_unsealed_s = 0.0  # the dead writer's segment below is adopted at first sight
         return tier.open(background=False)
 
 

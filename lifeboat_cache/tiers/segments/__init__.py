@@ -153,31 +153,6 @@ class SegmentDir:
         """The directory's change counter (changes.py); None when read-only or it could not be mapped."""
         return self._changes
 
-    # the periodic snapshot's thresholds (see snapshots.py), per directory
-    @property
-    def snapshot_interval_s(self) -> float:
-        return self.snapshots.interval_s
-
-    @snapshot_interval_s.setter
-    def snapshot_interval_s(self, value: float) -> None:
-        self.snapshots.interval_s = value
-
-    @property
-    def snapshot_min_segments(self) -> int:
-        return self.snapshots.min_segments
-
-    @snapshot_min_segments.setter
-    def snapshot_min_segments(self, value: int) -> None:
-        self.snapshots.min_segments = value
-
-    @property
-    def snapshot_changed_share(self) -> float:
-        return self.snapshots.changed_share
-
-    @snapshot_changed_share.setter
-    def snapshot_changed_share(self, value: float) -> None:
-        self.snapshots.changed_share = value
-
     def _check_writable(self) -> None:
         try:
             make_dirs(self.path, self.dir_mode)
