@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 __all__ = ["ChunkStore", "ConfigError", "Settings", "load_settings", "namespace_fingerprint"]
 
 _WHERE = {"ChunkStore": ".store", "ConfigError": ".config", "Settings": ".config",
-          "load_settings": ".config", "namespace_fingerprint": ".keys"}
+          "load_settings": ".config", "namespace_fingerprint": ".records"}
 
 
 def __getattr__(name: str) -> Any:

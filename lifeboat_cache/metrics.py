@@ -175,7 +175,7 @@ MISS_REASONS: dict[str, tuple[str, ...]] = {
     "foreign": ("miss_foreign", "miss_size"),
     "cooldown": ("miss_cooldown",),
     "deadline": ("read_deadline_misses",),
-    # sealed records (sealing.py): a plaintext record where sealed ones are required, a record sealed with a
+    # sealed records (records/sealing.py): a plaintext record where sealed ones are required, a record sealed with a
     # key this process does not hold (or any, with encryption off), a tag that does not verify
     "unsealed": ("miss_unsealed",),
     "key": ("miss_sealed_unknown_key", "miss_sealed_no_key"),

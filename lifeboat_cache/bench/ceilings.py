@@ -102,34 +102,34 @@ def plain_file(buf: np.ndarray, work: Path, reps: int, file_bytes: int = 8 << 20
 
 def codec_speed(pages: list[np.ndarray], compress: bool, reps: int) -> dict[str, Any]:
     """One core through the record codec: encode GB/s, decode GB/s, raw/stored ratio."""
-    from .. import codec
+    from ..records import DTYPE_CODES, PLANES, build_record, decode_into, unpack_header, verify_record
 
     digest, ns = b"\1" * 16, b"\2" * 16
-    dtype = codec.DTYPE_CODES["bf16"]
+    dtype = DTYPE_CODES["bf16"]
     enc, dec, enc_cpu, dec_cpu = Series(), Series(), Series(), Series()
     total = sum(p.nbytes for p in pages)
     stored = 0
     for _ in range(reps):
         t, c = time.perf_counter(), time.thread_time()
-        records = [codec.build_record(p, itemsize=2, dtype=dtype, digest=digest, namespace=ns, compress=compress)
+        records = [build_record(p, itemsize=2, dtype=dtype, digest=digest, namespace=ns, compress=compress)
                    for p in pages]
         enc.add(total / (time.perf_counter() - t) / 1e9)
         enc_cpu.add(total / max(time.thread_time() - c, 1e-9) / 1e9)
-        blobs = [(codec.unpack_header(h), memoryview(b"".join(bytes(memoryview(x)) for x in parts)))
+        blobs = [(unpack_header(h), memoryview(b"".join(bytes(memoryview(x)) for x in parts)))
                  for h, parts, _ in records]
         stored = sum(len(b) for _, b in blobs)
         out = np.empty(pages[0].nbytes, np.uint8)
         t, c = time.perf_counter(), time.thread_time()
         for h, payload in blobs:
-            codec.verify_record(h, payload, digest=digest, namespace=ns)
-            codec.decode_into(h.codec, payload, out, 2)
+            verify_record(h, payload, digest=digest, namespace=ns)
+            decode_into(h.codec, payload, out, 2)
         dec.add(total / (time.perf_counter() - t) / 1e9)
         dec_cpu.add(total / max(time.thread_time() - c, 1e-9) / 1e9)
     assert bytes(out) == bytes(pages[-1]), "codec round trip changed the page"
     res = {"encode_gb_s": enc.summary(), "decode_gb_s": dec.summary(), "encode_cpu_gb_s": enc_cpu.summary(),
            "decode_cpu_gb_s": dec_cpu.summary(), "ratio": total / stored}
     if compress:
-        res["zstd_only_cpu_gb_s"] = zstd_floor([p for h, p in blobs if h.codec == codec.PLANES],
+        res["zstd_only_cpu_gb_s"] = zstd_floor([p for h, p in blobs if h.codec == PLANES],
                                                pages[0].nbytes, reps)
     return res
 

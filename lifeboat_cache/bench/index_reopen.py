@@ -26,7 +26,8 @@ def make_store(root: str, n: int, first_unit: int = 0, keys: np.ndarray | None =
     """Sealed segments holding n records of `rec` bytes in all: sparse files, real trailers (the index
     is all a reopen reads; no record bytes are needed for it). `keys` / `tails` (digest bytes 8-16,
     "S8"): the records' index keys and digests (default random keys, zero tails). Returns the keys."""
-    from lifeboat_cache.tiers.segments.format import TABLE_ENTRY, FOOTER, FOOTER_MAGIC, parse_name
+    from ..records import FOOTER, FOOTER_MAGIC, TABLE_ENTRY
+    from ..tiers.segments import parse_name
     import struct
     import zlib
 
@@ -53,10 +54,10 @@ def make_store(root: str, n: int, first_unit: int = 0, keys: np.ndarray | None =
 
 
 def open_dir(root: str) -> Any:
-    from lifeboat_cache.tiers.segments import SegmentDir
+    from ..tiers.segments import DirSettings, SegmentDir
 
-    return SegmentDir(__import__("pathlib").Path(root), capacity_bytes=1 << 62, segment_bytes=1 << 30,
-                      refresh_interval_s=3600, evict=False)
+    return SegmentDir(__import__("pathlib").Path(root), DirSettings(capacity_bytes=1 << 62, segment_bytes=1 << 30,
+                                                                    refresh_interval_s=3600), evict=False)
 
 
 def _time_reopen(root: str, probe: np.ndarray, n: int) -> tuple[float, float, float, float, float]:
@@ -90,7 +91,7 @@ def measure_reopen(n: int) -> dict[str, Any]:
     import shutil
     import tempfile
 
-    from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
+    from ..tiers.segments import SNAPSHOT_NAME
 
     root = tempfile.mkdtemp(prefix="lifeboat-reopen-")
     try:

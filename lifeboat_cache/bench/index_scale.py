@@ -39,19 +39,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .index_common import (BATCH, READER_PAUSE_S, WRITER_BATCH, WRITER_PAUSE_S, md_table, peak_rss_bytes,
-                           percentiles_ms, reset_peak_rss, rss_bytes)
+from .index_common import (
+    BATCH, READER_PAUSE_S, WRITER_BATCH, WRITER_PAUSE_S, md_table, peak_rss_bytes, percentiles_ms, reset_peak_rss,
+    rss_bytes)
 from .index_reopen import PER_UNIT, measure_reopen, reopen_table
 from .index_store import STORE_PAGE, measure_store, store_table
 
-__all__ = ["measure", "measure_reopen", "measure_store", "reopen_table", "run", "store_table", "table"]
+__all__ = ["measure", "run", "table"]
 
 log = logging.getLogger(__name__)
 
 
 def _index_class(impl: str | None) -> type:
     if impl is None:
-        from lifeboat_cache.index import Index
+        from ..index import Index
         return Index
     spec = importlib.util.spec_from_file_location("lifeboat_bench_index_impl", impl)
     assert spec is not None and spec.loader is not None, impl
@@ -64,7 +65,7 @@ def _index_class(impl: str | None) -> type:
 def measure(n: int, quick: bool = False, impl: str | None = None) -> dict[str, Any]:
     """One size in this process: bulk load, idle lookups, lookups while a writer fills, memory."""
     cls = _index_class(impl)
-    from lifeboat_cache.index import Loc
+    from ..index import Loc
 
     rng = np.random.default_rng(n)
     extra = max(1000, min(n // 2, 20_000 if quick else 500_000))

@@ -25,9 +25,9 @@ def measure_store(n: int, quick: bool = False) -> dict[str, Any]:
     import shutil
     import tempfile
 
-    from lifeboat_cache import ChunkStore, namespace_fingerprint
-    from lifeboat_cache.config import settings_from_dict
-    from lifeboat_cache.keys import DIGEST_CACHE_ENTRIES, digests
+    from .. import ChunkStore, namespace_fingerprint
+    from ..config import settings_from_dict
+    from ..records import DIGEST_CACHE_ENTRIES, digests
 
     ns = namespace_fingerprint(model="bench-index-scale", page_size=64)
     root = tempfile.mkdtemp(prefix="lifeboat-store-scale-")

@@ -29,22 +29,22 @@ def build_prompt(model_dir: Path, prefix_tokens: int) -> list[int]:
     """Chat-formatted public-domain text cut to `prefix_tokens` (repeated as needed), then the question."""
     from transformers import AutoTokenizer
 
-    from ..demo import texts
+    from ..demo import DECLARATION, GETTYSBURG, QUESTION
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    body = "\n\n".join([texts.DECLARATION, texts.GETTYSBURG] * 2)
+    body = "\n\n".join([DECLARATION, GETTYSBURG] * 2)
     ids: list[int] = []
     while len(ids) < prefix_tokens:
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": body}], tokenize=False),
                          add_special_tokens=False)
         body = body + "\n\n" + body
-    tail = tok.encode(f"\n\n{texts.QUESTION}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    tail = tok.encode(f"\n\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
     return ids[:prefix_tokens] + tail
 
 
 def one_process(model: Path, prefix_tokens: int, new_tokens: int, work: Path) -> dict[str, Any]:
     """All three measurements in one LifeboatCache process (quick: one model load instead of three)."""
-    from ..demo.mlx_serving import child_env, run_plan_process
+    from ..demo import child_env, run_plan_process
 
     prompt = build_prompt(model, prefix_tokens)
     pool = max(4096, 2 * len(prompt) + 4 * new_tokens + 256)
@@ -67,7 +67,7 @@ def one_process(model: Path, prefix_tokens: int, new_tokens: int, work: Path) ->
 
 
 def one(model: Path, prefix_tokens: int, new_tokens: int, work: Path) -> dict[str, Any]:
-    from ..demo.mlx_serving import child_env, run_plan_process
+    from ..demo import child_env, run_plan_process
 
     prompt = build_prompt(model, prefix_tokens)
     pool = max(4096, 2 * len(prompt) + 4 * new_tokens + 256)
@@ -105,8 +105,8 @@ def one(model: Path, prefix_tokens: int, new_tokens: int, work: Path) -> dict[st
 def run(work: Path, sizes: Sizes) -> dict[str, Any]:
     import os
 
-    from ..demo.smollm2 import ensure_model
-    from ..demo.mlx_serving import child_env
+    from ..demo import ensure_model
+    from ..demo import child_env
 
     model = ensure_model(dtype="float32")
     blas = "LD_PRELOAD" in child_env() and "openblas" in child_env().get("LD_PRELOAD", "")

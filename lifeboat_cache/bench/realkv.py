@@ -27,11 +27,11 @@ def produce(out: Path, tokens: int) -> None:
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 
-    from ..demo import texts
-    from ..demo.smollm2 import ensure_model
+    from ..demo import DECLARATION, GETTYSBURG, QUESTION
+    from ..demo import ensure_model
 
     model, tok = load(str(ensure_model(dtype="float32")))
-    body = "\n\n".join([texts.DECLARATION, texts.GETTYSBURG, texts.QUESTION])
+    body = "\n\n".join([DECLARATION, GETTYSBURG, QUESTION])
     ids = tok.encode(body)
     while len(ids) < tokens:  # only for very long asks: the text itself is ~1,500 tokens
         ids = ids + ids
@@ -48,7 +48,7 @@ def produce(out: Path, tokens: int) -> None:
 
 def load_or_make(cache_dir: Path, tokens: int, timeout: float = 900.0) -> np.ndarray:
     """Flat uint8 bytes of real bf16 KV (cached per token count); raises RuntimeError when MLX fails."""
-    from ..demo.mlx_serving import child_env
+    from ..demo import child_env
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"smollm2-kv-v1-{tokens}.npy"

@@ -10,10 +10,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .report_plots import PLOTS, plots
-from .report_tables import sealing_table, server_tables, tables
+from .report_plots import plots
+from .report_tables import tables
 
-__all__ = ["PLOTS", "json_default", "plots", "sealing_table", "server_tables", "tables", "write"]
+__all__ = ["json_default", "write"]
 
 
 def write(res: dict[str, Any], out: Path) -> tuple[str, list[Path]]:

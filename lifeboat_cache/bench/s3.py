@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..testing.s3_server import start_with_retry
+from ..testing import start_with_retry
 from .adapters import call_run
 from .common import pct
 from .sizes import Sizes, ints

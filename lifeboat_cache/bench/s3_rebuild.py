@@ -28,10 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import codec
 from ..config import TierSettings
-from ..keys import index_key, key_digest, namespace_fingerprint
-from ..testing.s3_server import start_with_retry
+from ..records import as_bytes_view, build_record, dtype_code, index_key, key_digest, namespace_fingerprint
+from ..testing import start_with_retry
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +46,13 @@ def _fill(tier: Any, ns: bytes, pages: int, per_object: int, tag: str) -> None:
     """Write `pages` records as objects of `per_object` records each (parallel PUTs)."""
     rng = np.random.default_rng(0)
     page = (rng.standard_normal(PAGE_BYTES // 2).astype(np.float32) * 0.05).astype(np.float16)
-    view = codec.as_bytes_view(page)
+    view = as_bytes_view(page)
 
     def one(start: int) -> None:
         recs = []
         for i in range(start, min(pages, start + per_object)):
             d = key_digest(ns, f"{tag}{i}")
-            header, parts, length = codec.build_record(view, itemsize=2, dtype=codec.dtype_code(page), digest=d,
+            header, parts, length = build_record(view, itemsize=2, dtype=dtype_code(page), digest=d,
                                                        namespace=ns, compress=True)
             recs.append((index_key(d), d, [header, *parts], length))
         tier.write_many(recs, background=True)

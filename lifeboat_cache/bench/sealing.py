@@ -38,9 +38,9 @@ def _pages(sample: np.ndarray | None, page_bytes: int, n: int) -> list[np.ndarra
 
 def primitives(key_path: Path, sizes: Sizes, sample: np.ndarray | None) -> dict[str, Any]:
     """Seal / open GB per CPU-second of one core, raw and compressed, sealed vs the plain codec."""
-    from .. import codec
+    from ..records import DTYPE_CODES, unpack_header, verify_record
     from ..config import EncryptionSettings
-    from ..sealing import Sealer, sealer_for
+    from ..records import Sealer, sealer_for
 
     sealed, plain = sealer_for(EncryptionSettings(keys=(key_path,))), Sealer()
     out: dict[str, Any] = {}
@@ -55,16 +55,16 @@ def primitives(key_path: Path, sizes: Sizes, sample: np.ndarray | None) -> dict[
                 for _ in range(sizes.reps):
                     t = time.process_time()
                     for p in pages:  # each record dropped after its build, as after the store's write
-                        s.build(p, itemsize=2, dtype=codec.DTYPE_CODES["bf16"], digest=bytes(16),
+                        s.build(p, itemsize=2, dtype=DTYPE_CODES["bf16"], digest=bytes(16),
                                 namespace=bytes(16), compress=compress)
                     enc.add(n * page_bytes / max(time.process_time() - t, 1e-9) / 1e9)
-                    recs = [s.build(p, itemsize=2, dtype=codec.DTYPE_CODES["bf16"], digest=bytes(16),
+                    recs = [s.build(p, itemsize=2, dtype=DTYPE_CODES["bf16"], digest=bytes(16),
                                     namespace=bytes(16), compress=compress) for p in pages]
-                    blobs = [(codec.unpack_header(h), memoryview(b"".join(bytes(memoryview(x)) for x in parts)))
+                    blobs = [(unpack_header(h), memoryview(b"".join(bytes(memoryview(x)) for x in parts)))
                              for h, parts, _ in recs]
                     t = time.process_time()
                     for h, payload in blobs:
-                        codec.verify_record(h, payload, digest=h.digest, namespace=h.namespace)
+                        verify_record(h, payload, digest=h.digest, namespace=h.namespace)
                         s.decode_into(h, payload, [dst])
                     dec.add(n * page_bytes / max(time.process_time() - t, 1e-9) / 1e9)
                 row[name] = {"build_cpu_gb_s": enc.summary(), "open_cpu_gb_s": dec.summary()}
@@ -104,7 +104,7 @@ def run_case(root: Path, key_path: Path, shape: str, layout: str, kind: str, siz
 
 
 def run(work: Path, sizes: Sizes, realkv: np.ndarray | None) -> dict[str, Any]:
-    from ..sealing import write_key_file
+    from ..records import write_key_file
     from .common import pin_torch_threads
 
     work.mkdir(parents=True, exist_ok=True)

@@ -81,7 +81,7 @@ def fill_store(path: Path, pages: int, page_kib: int) -> dict[str, Any]:
 
     from .. import ChunkStore, namespace_fingerprint
     from ..config import settings_from_dict
-    from ..tiers.snapshot import SNAPSHOT_NAME
+    from ..tiers.segments import SNAPSHOT_NAME
 
     ns = namespace_fingerprint(model=FILLER_MODEL, page_kib=page_kib)
     page = np.random.default_rng(7).integers(0, 256, page_kib * 1024, dtype=np.uint8)
@@ -149,7 +149,7 @@ def start(srv: Any) -> None:
     """Start a server when SGLang's host-pool check can pass: wait (bounded) for memory that other work holds,
     and start once more when the check failed anyway (memory taken during the start). The start time
     measured is the successful start's."""
-    from ..testing.sglang_server import ServerFailed
+    from ..testing import ServerFailed
 
     for attempt in (1, 2):
         deadline = time.monotonic() + MEMORY_WAIT_S
@@ -172,8 +172,8 @@ class Plan:
     """What every server of one run shares: the model, the prompts, the flags per backend."""
 
     def __init__(self, work: Path, sizes: Sizes) -> None:
-        from ..demo.smollm2 import ensure_model
-        from ..testing.sglang_server import FILE_BACKEND_DIR_ENV, cpu_flags, hicache_flags, prompt_ids
+        from ..demo import ensure_model
+        from ..testing import FILE_BACKEND_DIR_ENV, cpu_flags, hicache_flags, prompt_ids
 
         self.model = ensure_model(dtype="float32", layout="hf")  # cpu_flags: --dtype float32
         self.tokens = ints(sizes.server_tokens)
@@ -206,7 +206,7 @@ class Plan:
         return self._prompt_ids(self.model, self.first_tokens, salt=f"lifeboat bench server, first request, {tag}")
 
     def server(self, backend: str, tag: str) -> Any:
-        from ..testing.sglang_server import SGLangServer
+        from ..testing import SGLangServer
 
         return SGLangServer(self.flags[backend], log_path=self.logs / f"{tag}.log", env=self.env[backend])
 

@@ -30,13 +30,14 @@ def parse_since(text: str) -> float:
 
 def collect_activity(settings: Settings, since_s: float, now: float | None = None) -> dict[str, Any]:
     """Counters of live and recent serving processes, summed, from their stats files."""
-    from .. import metrics, statsfile
+    from .. import metrics
+    from ..ops import is_live, merge_histograms, merge_namespaces, read_stats_files, stats_dir, sum_dicts
 
     now = time.time() if now is None else now
-    directory = statsfile.stats_dir(settings)
-    recs = [r for r in statsfile.read_stats_files(directory) if now - float(r.get("updated", 0)) <= since_s]
-    live = [r for r in recs if statsfile.is_live(r, now)]
-    c = statsfile.sum_dicts(r.get("counters") or {} for r in recs)
+    directory = stats_dir(settings)
+    recs = [r for r in read_stats_files(directory) if now - float(r.get("updated", 0)) <= since_s]
+    live = [r for r in recs if is_live(r, now)]
+    c = sum_dicts(r.get("counters") or {} for r in recs)
     keys, hits = c.get("lookup_keys", 0), c.get("lookup_hits", 0)
     errors = [r["last_error"] | {"pid": r.get("pid"), "host": r.get("host")} for r in recs if r.get("last_error")]
     cooldowns = []
@@ -56,9 +57,9 @@ def collect_activity(settings: Settings, since_s: float, now: float | None = Non
             "bytes_in": raw, "bytes_in_stored": stored, "bytes_out": c.get("bytes_read", 0),
             "pages_written": c.get("pages_written", 0), "promotions": c.get("promotions", 0),
             "copies": c.get("copies", 0), "quarantined": c.get("quarantined", 0),
-            "latency": statsfile.merge_histograms(recs),
+            "latency": merge_histograms(recs),
         },
-        "namespaces": statsfile.merge_namespaces(recs),
+        "namespaces": merge_namespaces(recs),
         "cooldowns": cooldowns,
         "last_error": max(errors, key=lambda e: e["time"]) if errors else None,
     }
@@ -116,11 +117,11 @@ def print_namespaces(namespaces: dict[str, dict[str, Any]], indent: str = "") ->
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """Models / namespaces with pages, bytes and last write, from the serving processes' stats files."""
-    from .. import statsfile
+    from ..ops import merge_namespaces, read_stats_files, stats_dir
 
     settings = load_settings(args.config)
-    directory = statsfile.stats_dir(settings)
-    namespaces = statsfile.merge_namespaces(statsfile.read_stats_files(directory))
+    directory = stats_dir(settings)
+    namespaces = merge_namespaces(read_stats_files(directory))
     if args.json:
         print(json.dumps({"stats_dir": str(directory), "namespaces": namespaces}, indent=2))
         return 0

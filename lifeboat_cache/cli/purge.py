@@ -23,7 +23,7 @@ def parse_share(text: str) -> float:
 
 def _purge_key_ids(args: argparse.Namespace) -> int:
     """`purge --key-id`: drop the pages sealed with those keys (after the keys were deleted)."""
-    from ..purge import PurgeError, parse_key_ids, purge_key_ids
+    from ..ops import PurgeError, parse_key_ids, purge_key_ids
 
     if args.model or args.namespace or args.older_than:
         print("lifeboat: purge: --key-id goes alone (run a second purge for the other selectors)", file=sys.stderr)
@@ -45,7 +45,7 @@ def _purge_key_ids(args: argparse.Namespace) -> int:
 
 def cmd_purge(args: argparse.Namespace) -> int:
     """Remove a model's / namespace's / old pages from every index now; bytes at the next gc."""
-    from ..purge import PurgeError, purge, resolve
+    from ..ops import PurgeError, purge, resolve
 
     if args.key_id:
         return _purge_key_ids(args)

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ..envvars import parse_log_level  # noqa: F401  (re-exported)
-from ..runtimes.mlx.env import DEFAULT_BLAS, ENV_BLAS_PRELOAD, parse_blas_preload  # noqa: F401  (re-exported)
-from .mlx_serving_loop import GenerationResult, MlxServing
+from ..config import parse_log_level
+from ..runtimes.mlx import DEFAULT_BLAS, ENV_BLAS_PRELOAD, parse_blas_preload
+from .mlx_serving_loop import MlxServing
 
-__all__ = ["GenerationResult", "MlxServing", "child_env", "main", "run_plan", "run_plan_process"]
+__all__ = ["child_env", "main", "run_plan", "run_plan_process"]
 
 log = logging.getLogger(__name__)
 

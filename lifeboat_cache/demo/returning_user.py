@@ -54,7 +54,7 @@ def decode(model_dir: str | Path, ids: list[int]) -> str:
 
 def visit(model_dir: str, salt: str, max_new_tokens: int) -> dict[str, Any]:
     """One visit, in this process: serve the prompt once, flush the store, report."""
-    from .mlx_serving import MlxServing
+    from .mlx_serving_loop import MlxServing
 
     t0 = time.perf_counter()
     serving = MlxServing(model_dir, lifeboat=True, warmup=True)
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="model dtype (float32 is the fast one on Linux CPU with OpenBLAS)")
     args = parser.parse_args(argv)
     from ..config import ConfigError
-    from .mlx_serving import parse_log_level
+    from ..config import parse_log_level
 
     try:
         level = parse_log_level(os.environ)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import format_size, load_settings
-from ..testing.sglang_server import SGLangServer, cpu_flags, hicache_flags, parse_metrics
+from ..testing import SGLangServer, cpu_flags, hicache_flags, parse_metrics
 from . import texts
 from .smollm2 import ensure_model
 

@@ -7,9 +7,9 @@ Stock SGLang loads it through its `dynamic` storage backend:
         "module_path": "lifeboat_cache.integrations.sglang_backend",
         "class_name": "LifeboatHiCacheStorage", "interface_v1": 1}'
 
-The shim is thin: it turns host-pool pages into numpy views (`sglang_pages`) and SGLang page keys
-into keys of one namespace per pool and rank (`sglang_keys`), checks each call's arguments
-(`sglang_checks`), and calls the `ChunkStore`, whose io workers encode, write, read, verify and decode
+The shim is thin: it turns host-pool pages into numpy views (`hicache/pages.py`) and SGLang page keys
+into keys of one namespace per pool and rank (`hicache/keys.py`), checks each call's arguments
+(`hicache/checks.py`), and calls the `ChunkStore`, whose io workers encode, write, read, verify and decode
 a 128-page call in parallel. A page is stored as exactly the bytes of SGLang's flat page
 (`get_data_page(idx, flat=True)`), so the zero-copy (v1) and copying (`batch_set` / `batch_get`)
 interfaces read each other's pages. Zero-copy pages are lists of views of the pool: one or two
@@ -17,7 +17,7 @@ blocks for `page_first*`, 2*L (MHA) or L (MLA) blocks for `layer_first`; the sto
 one `pwritev` when raw, and gathers them into one buffer on its io worker when it compresses.
 Pools whose pages are not views of their own buffers go through SGLang's copying accessors.
 
-Nothing here raises into SGLang after construction (the guard, `sglang_guard`): an unexpected error
+Nothing here raises into SGLang after construction (the guard, `hicache/guard.py`): an unexpected error
 is a miss (or a dropped write), logged at most once per `failure_cooldown_max_s`; storage errors are handled (and cooled
 down) by the store. Invalid settings do raise at construction: SGLang then rolls the attach back.
 """
@@ -47,16 +47,13 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from ..config import ConfigError, load_settings
 from ..cooldown import RateLimitedLog
-from ..statsfile import StatsReporter
+from ..ops import StatsReporter
 from ..store import ChunkStore
 from ..tracing import trace_calls
-from .sglang_checks import MAX_CALL_PAGES, BadCall, check_extra_info, check_indices, check_keys, check_pages, count
-from .sglang_guard import guarded, no_pages, no_transfers
-from .sglang_keys import dialog_affinity, pool_namespace
-from .sglang_launch_rules import parse_zero_copy
-from .sglang_pages import INT_OF_WIDTH, HostPool, as_numpy, page_tensors
-from .sglang_preflight import EXTRA_CONFIG, SGLANG_KEYS
-from .sglang_trace import TRACE_LINES
+from .hicache import (
+    INT_OF_WIDTH, MAX_CALL_PAGES, TRACE_LINES, BadCall, HostPool, as_numpy, check_extra_info, check_indices,
+    check_keys, check_pages, count, dialog_affinity, guarded, no_pages, no_transfers, page_tensors, pool_namespace)
+from .launch import EXTRA_CONFIG, SGLANG_KEYS, parse_zero_copy
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +69,7 @@ def _leading(hits: Sequence[bool]) -> int:
 
 
 def _check_indices(pool: HostPool, host_indices: Any, n: int) -> None:
-    """Whole pages of this pool only (sglang_checks.check_indices); capacity in logical slots."""
+    """Whole pages of this pool only (hicache.check_indices); capacity in logical slots."""
     capacity = getattr(pool.host, "logical_size", None) or getattr(pool.host, "size", None)
     check_indices(host_indices, n, pool.page_size, capacity, pool.page_bytes,
                   lambda s: sum(t.numel() * t.element_size() for t in page_tensors(pool.host, s)))
@@ -87,7 +84,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
 
     Construction raises ConfigError (a bad extra-config key or value, a bad lifeboat.yaml or
     `LIFEBOAT_SGLANG_ZERO_COPY`) or OSError (the store cannot be opened); SGLang then rolls the attach
-    back. After that no method raises: a failure does nothing and is counted (`sglang_guard`).
+    back. After that no method raises: a failure does nothing and is counted (`hicache/guard.py`).
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:

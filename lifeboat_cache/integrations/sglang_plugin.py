@@ -7,15 +7,15 @@ nothing and validates nothing; it installs:
 * a resolution hook on the `handle_hicache_ratio_default` step. That step runs for every launch,
   including `--model-path dummy`, before the dummy short-circuit and before anything reads the page
   size, the attention backend or the HiCache settings. The hook reads the launch through
-  `resolving_view`, asks `sglang_launch_rules.plan_launch_tuning` what to change, declares it with
+  `resolving_view`, asks `launch.plan_launch_tuning` what to change, declares it with
   `declare_resolution` (the raw flags stay as typed, later SGLang steps see our values exactly as
   if they had been typed), logs each decision once, then runs SGLang's own step. An invalid
   `LIFEBOAT_*` value, a bad lifeboat.yaml / extra-config key or an unwritable store directory
-  (`sglang_preflight`) raises there, which stops resolution and so the launch.
+  (`launch/preflight.py`) raises there, which stops resolution and so the launch.
 * in processes that build KV pools (the scheduler), two `HookRegistry` AROUND hooks that bound
   SGLang's GPU write-back staging buffer (see `_bound_mha_staging`), inert unless the published
   launch uses the LifeboatCache backend.
-* in scheduler processes on a host without CUDA, the CPU-server fixes of `sglang_cpu` (unpinned host
+* in scheduler processes on a host without CUDA, the CPU-server fixes of `launch/cpu.py` (unpinned host
   pools, a torch `transfer_kv_direct`, rope without vllm, extend attention over the new rows only), inert
   unless the launch turns HiCache on
   (with any storage backend, so SGLang's own `file` backend runs on the same CPU server).
@@ -32,16 +32,17 @@ import os
 import sys
 from typing import Any, Callable, Mapping, Optional
 
-from . import sglang_cpu
-from . import sglang_launch_rules as rules
-from .sglang_preflight import check_launch_config
+from .launch import (
+    DEFAULT_STAGING_TOKENS, ENV_ENABLE, SGLANG_STAGING_PAGE_CHUNK, Decision, LaunchFacts, LaunchPlan,
+    check_launch_config, is_lifeboat_extra_config, parse_enable, parse_staging_tokens, plan_launch_tuning,
+    ranks_on_host, register_cpu_hooks, staging_pages)
 
 logger = logging.getLogger(__name__)
 
 RESOLUTION_STEP = "handle_hicache_ratio_default"
 DECLARATION_SOURCE = "lifeboat_cache.launch_tuning"
 RADIX_BACKEND_NAME = "lifeboat"
-MLX_MODULE = "lifeboat_cache.integrations.sglang_mlx"
+MLX_MODULE = "lifeboat_cache.integrations.radix_cache.factory"
 MLX_FACTORY = "create_lifeboat_radix_cache"
 MHA_STAGING_TARGET = "sglang.srt.mem_cache.pool_host.mha.prepare_mha_write_back_staging"
 MLA_STAGING_TARGET = "sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost._init_write_back_staging_buffers"
@@ -69,7 +70,7 @@ def register() -> None:
     else:
         _register_staging_bound()
         if _SCHEDULER_MODULE in sys.modules:
-            sglang_cpu.register(published_launch_uses_hicache)
+            register_cpu_hooks(published_launch_uses_hicache)
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ def tune_launch(server_args: Any, previous: Callable[[Any], None]) -> None:
     previous(server_args)
 
 
-def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = None) -> rules.LaunchPlan:
+def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = None) -> LaunchPlan:
     """Plan and declare the launch's LifeboatCache settings; returns the plan (inactive = untouched).
 
     Raises ConfigError naming the variable or flag and the allowed values for an invalid `LIFEBOAT_*`
@@ -102,11 +103,11 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
         return _apply_mlx(server_args, cfg, env)
 
     extra_config = parse_extra_config(cfg.hicache_storage_backend_extra_config)
-    maybe_ours = cfg.hicache_storage_backend == "dynamic" and rules.is_lifeboat_extra_config(extra_config)
-    if not maybe_ours and not rules.parse_enable(env):
-        return rules.LaunchPlan(active=False)  # not ours: gather nothing, declare nothing, log nothing
+    maybe_ours = cfg.hicache_storage_backend == "dynamic" and is_lifeboat_extra_config(extra_config)
+    if not maybe_ours and not parse_enable(env):
+        return LaunchPlan(active=False)  # not ours: gather nothing, declare nothing, log nothing
 
-    facts = rules.LaunchFacts(
+    facts = LaunchFacts(
         page_size=cfg.page_size,
         hicache_size=int(cfg.hicache_size or 0),
         hicache_ratio=cfg.hicache_ratio,
@@ -118,18 +119,18 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
         cuda_launch=_is_cuda_launch(cfg.device),
         device=cfg.device,
         available_ram_bytes=available_ram_bytes(),
-        ranks_per_host=rules.ranks_on_host(cfg.tp_size, cfg.pp_size, cfg.dp_size, cfg.nnodes),
+        ranks_per_host=ranks_on_host(cfg.tp_size, cfg.pp_size, cfg.dp_size, cfg.nnodes),
         mem_layout=str(cfg.hicache_mem_layout),
         io_backend=str(cfg.hicache_io_backend),
         prefetch_policy=str(cfg.hicache_storage_prefetch_policy),
     )
-    plan = rules.plan_launch_tuning(facts, env, gpu_memory_bytes=lambda: gpu_memory_bytes(cfg.base_gpu_id))
+    plan = plan_launch_tuning(facts, env, gpu_memory_bytes=lambda: gpu_memory_bytes(cfg.base_gpu_id))
     for warning in plan.warnings:
         logger.warning("LifeboatCache: %s", warning)
     if not plan.active:
         return plan
     fields = plan.fields
-    # The backend's own configuration, checked before SGLang loads anything (sglang_preflight).
+    # The backend's own configuration, checked before SGLang loads anything (launch/preflight.py).
     declared = fields.get("hicache_storage_backend_extra_config")
     check_launch_config(parse_extra_config(declared) if declared else extra_config, env)
     if fields:
@@ -139,34 +140,34 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
     return plan
 
 
-def _apply_mlx(server_args: Any, cfg: Any, env: Mapping[str, str]) -> rules.LaunchPlan:
+def _apply_mlx(server_args: Any, cfg: Any, env: Mapping[str, str]) -> LaunchPlan:
     """MLX launch: no HiCache; with LIFEBOAT_CACHE=1 pick the `lifeboat` radix-cache backend."""
     from sglang.srt.arg_groups.overrides import declare_resolution
 
-    if not rules.parse_enable(env):
-        return rules.LaunchPlan(active=False)
+    if not parse_enable(env):
+        return LaunchPlan(active=False)
     named = cfg.radix_cache_backend
     if named is None:
-        decision = rules.Decision(
+        decision = Decision(
             "radix-cache backend",
             RADIX_BACKEND_NAME,
-            f"{rules.ENV_ENABLE}=1 on an MLX launch; launch named none",
+            f"{ENV_ENABLE}=1 on an MLX launch; launch named none",
             {"radix_cache_backend": RADIX_BACKEND_NAME},
         )
         declare_resolution(server_args, DECLARATION_SOURCE, **decision.fields)
     elif named == RADIX_BACKEND_NAME:
-        decision = rules.Decision("radix-cache backend", named, "the launch named it")
+        decision = Decision("radix-cache backend", named, "the launch named it")
     else:
         logger.warning(
             "LifeboatCache: %s=1 but the launch named --radix-cache-backend %s; LifeboatCache leaves it",
-            rules.ENV_ENABLE,
+            ENV_ENABLE,
             named,
         )
-        return rules.LaunchPlan(active=False)
+        return LaunchPlan(active=False)
     logger.info("LifeboatCache: %s", decision.message())
     if cfg.enable_hierarchical_cache or cfg.hicache_storage_backend is not None:
         logger.info("LifeboatCache: HiCache tuning does not apply on MLX (SGLang's MLX runtime has no HiCache)")
-    return rules.LaunchPlan(active=True, decisions=(decision,))
+    return LaunchPlan(active=True, decisions=(decision,))
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,8 +273,8 @@ def staging_bound_pages(page_size: Optional[int]) -> Optional[int]:
     """Staging pages for this process's launch, or None when the launch does not use LifeboatCache."""
     if not page_size or page_size <= 0 or not published_launch_uses_lifeboat():
         return None
-    tokens = rules.parse_staging_tokens(os.environ) or rules.DEFAULT_STAGING_TOKENS
-    return rules.staging_pages(tokens, int(page_size))
+    tokens = parse_staging_tokens(os.environ) or DEFAULT_STAGING_TOKENS
+    return staging_pages(tokens, int(page_size))
 
 
 def published_launch_uses_lifeboat() -> bool:
@@ -287,7 +288,7 @@ def published_launch_uses_lifeboat() -> bool:
         enabled = memory.enable_hierarchical_cache
     except Exception:  # noqa: BLE001 - nothing published: not a LifeboatCache launch
         return False
-    return bool(enabled) and backend == "dynamic" and rules.is_lifeboat_extra_config(parse_extra_config(extra))
+    return bool(enabled) and backend == "dynamic" and is_lifeboat_extra_config(parse_extra_config(extra))
 
 
 def published_launch_uses_hicache() -> bool:
@@ -310,7 +311,7 @@ def _bound_mha_staging(original: Callable[..., Any], *args: Any, **kwargs: Any) 
     """
     bound = staging_bound_pages(kwargs.get("page_size"))
     if bound is not None:
-        requested = kwargs.get("page_capacity", rules.SGLANG_STAGING_PAGE_CHUNK)
+        requested = kwargs.get("page_capacity", SGLANG_STAGING_PAGE_CHUNK)
         kwargs["page_capacity"] = max(1, min(int(requested), bound))
     return original(*args, **kwargs)
 

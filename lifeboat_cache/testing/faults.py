@@ -19,7 +19,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..tiers.base import Ref, Tier
+from ..tiers import Ref, Tier
 
 
 class FaultyTier(Tier):

@@ -11,9 +11,9 @@ import threading
 from typing import Iterator, Sequence
 
 
-from ..codec import HEADER_SIZE, unpack_header
 from ..index import Index, Loc
-from ..tiers.base import Ref, SingleIndexTier
+from ..records import HEADER_SIZE, unpack_header
+from ..tiers import Ref, SingleIndexTier
 
 
 class MemoryTier(SingleIndexTier):

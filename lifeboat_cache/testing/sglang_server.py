@@ -8,7 +8,7 @@ and every wait has a deadline and names the log on failure.
 
 CPU flags (docs/sglang.md, "A CPU server"): `--device cpu --attention-backend torch_native
 --disable-cuda-graph --skip-server-warmup`; the plugin declares the only HiCache layout SGLang can copy
-with off CUDA (layer_first / direct) and closes SGLang's CPU gaps (`integrations/sglang_cpu.py`).
+with off CUDA (layer_first / direct) and closes SGLang's CPU gaps (`integrations/launch/cpu.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from ..integrations.sglang_launch_rules import BACKEND_EXTRA_CONFIG
+from ..integrations.launch import BACKEND_EXTRA_CONFIG
 from .child_process import LOOPBACK, detach_and_die_with_parent, free_loopback_port
 
 log = logging.getLogger(__name__)
@@ -317,7 +317,7 @@ def prompt_ids(model_dir: Path | str, tokens: int, *, salt: str = "") -> list[in
     """
     from tokenizers import Tokenizer
 
-    from ..demo.texts import DECLARATION, GETTYSBURG
+    from ..demo import DECLARATION, GETTYSBURG
 
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
     ids: list[int] = tok.encode(f"{salt}\n").ids if salt else []

@@ -23,11 +23,10 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from .. import codec
 from ..config import EngineSettings, Settings, TierSettings
-from ..keys import index_key, key_digest, namespace_fingerprint
+from ..records import DTYPE_CODES, HEADER_SIZE, build_record, index_key, key_digest, namespace_fingerprint
 from ..store import ChunkStore
-from ..tiers.base import Auditing, Describing, ObjectPurging, Probing, RecordRuns, Ref, SegmentDirs, Tier
+from ..tiers import Auditing, Describing, ObjectPurging, Probing, RecordRuns, Ref, SegmentDirs, Tier
 
 # capability mixin -> the attribute a tier must have exactly when it declares the mixin
 CAPABILITIES: dict[type, str] = {Probing: "probe", Auditing: "audit", Describing: "describe",
@@ -48,7 +47,7 @@ class Rec:
 
     @property
     def length(self) -> int:
-        return codec.HEADER_SIZE + self.page.nbytes
+        return HEADER_SIZE + self.page.nbytes
 
     @property
     def bufs(self) -> list[object]:
@@ -66,7 +65,7 @@ def make_records(n: int, *, size: int = 4096, seed: int = 0, prefix: str = "k", 
         key = f"{prefix}{seed}-{i:05d}"
         digest = key_digest(ns, key)
         page = rng.integers(0, 256, size, dtype=np.uint8)
-        header, _, _ = codec.build_record(page, itemsize=1, dtype=codec.DTYPE_CODES["u1"], digest=digest,
+        header, _, _ = build_record(page, itemsize=1, dtype=DTYPE_CODES["u1"], digest=digest,
                                           namespace=ns, compress=False)
         out.append(Rec(key, index_key(digest), digest, header, page))
     return out
@@ -159,7 +158,7 @@ class TierTests:
     def test_read_into_scatters_over_several_buffers(self, tier: Tier) -> None:
         (r,) = make_records(1, size=10_000)
         ref = tier.write(r.ikey, r.digest, r.bufs, r.length)
-        hdr, a, b = bytearray(codec.HEADER_SIZE), np.empty(3000, np.uint8), np.empty(7000, np.uint8)
+        hdr, a, b = bytearray(HEADER_SIZE), np.empty(3000, np.uint8), np.empty(7000, np.uint8)
         assert tier.read_into(ref, [memoryview(hdr), memoryview(a), memoryview(b)])
         assert bytes(hdr) == r.header and (np.concatenate([a, b]) == r.page).all()
 
@@ -243,7 +242,7 @@ class TierTests:
         assert all(st.put(NS, keys, pages))
         ref = tier.locate(index_key(key_digest(NS, keys[2])))
         assert ref is not None
-        self.raw_corrupt(tier, ref, codec.HEADER_SIZE + 100)
+        self.raw_corrupt(tier, ref, HEADER_SIZE + 100)
         out = [np.empty_like(p) for p in pages]
         ok = st.get_into(NS, keys, out)
         assert ok == [True, True, False, True, True, True]

@@ -1,32 +1,23 @@
-"""Storage tiers. `open_tier(settings)` builds the tier a `storage[]` entry describes."""
+"""Storage tiers: an indexed place to append and read whole records. `open_tier` builds one.
+
+A tier owns its index and knows nothing of codecs; what it can do beyond the `Tier` core is declared
+with capability mixins (base.py), never probed for.
+
+  kinds.py     open_tier(settings): the tier of one `storage[]` entry (nfs and s3 imported on demand)
+  base.py      Tier ABC, Ref, SingleIndexTier; capabilities: Probing, Auditing, Describing, SegmentDirs,
+               RecordRuns, ObjectPurging
+  local.py     type: local (NVMe), one segment directory per path
+  nfs.py       type: nfs (NFS, ONTAP NFS): a segment directory shared by hosts (why each rule exists)
+  segments/    the log-structured segment directory (local and nfs)
+  s3/          type: s3 (AWS, ONTAP S3, any S3): objects in a bucket
+"""
 
 from __future__ import annotations
 
-from ..config import DEFAULT_IO_WORKERS, TierSettings
-from .base import Ref, Tier
-from .local import LocalTier
+from .base import Auditing, Describing, ObjectPurging, Probing, RecordRuns, Ref, SegmentDirs, SingleIndexTier, Tier
+from .kinds import open_tier
 
-
-def open_tier(settings: TierSettings, *, background: bool = True, io_workers: int | None = None,
-              deadline_s: float | None = None, read_only: bool = False, evict: bool = True) -> Tier:
-    """Build and open the tier for one `storage[]` entry (imports optional backends lazily).
-
-    `io_workers` sizes a network tier's connection pool (default: the engine default);
-    `deadline_s` (engine.deadline_s) bounds a network tier's data-path request timeouts.
-    `read_only` / `evict=False`: see ChunkStore.open (every tier honours them).
-    """
-    if settings.type == "local":
-        return LocalTier(settings, read_only=read_only, evict=evict).open(background=background)
-    if settings.type == "nfs":
-        from .nfs import NfsTier
-
-        return NfsTier(settings, read_only=read_only, evict=evict).open(background=background)
-    if settings.type == "s3":
-        from .s3 import S3Tier
-
-        return S3Tier(settings, io_workers=io_workers or DEFAULT_IO_WORKERS,
-                      deadline_s=deadline_s, read_only=read_only, evict=evict).open(background=background)
-    raise ValueError(f"unknown tier type {settings.type!r}")
-
-
-__all__ = ["Ref", "Tier", "LocalTier", "open_tier"]
+__all__ = [
+    "Auditing", "Describing", "ObjectPurging", "Probing", "RecordRuns", "Ref", "SegmentDirs", "SingleIndexTier",
+    "Tier", "open_tier",
+]

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Iterator, Sequence
 import numpy as np
 
 from ..index import Index, Loc
+from ..records import Record
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +138,6 @@ class SegmentDirs(ABC):
     """A tier made of segment directories (local, nfs): purge counts and gc compaction work on them."""
 
     dirs: list[Any]  # tiers.segments.SegmentDir (not imported: the segments package imports this module)
-
-
-Record = tuple[int, bytes, Sequence[object], int]  # (index key, digest, header + payload parts, length)
 
 
 class RecordRuns(ABC):

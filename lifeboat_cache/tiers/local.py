@@ -11,8 +11,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..config import TierSettings
-from .base import Auditing, Describing, Record, RecordRuns, Ref, SegmentDirs, Tier
-from .segments import SegmentDir
+from ..records import Record
+from .base import Auditing, Describing, RecordRuns, Ref, SegmentDirs, Tier
+from .segments import DirSettings, SegmentDir
 
 
 class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns):
@@ -25,12 +26,12 @@ class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns):
         self.settings = settings
         self.name = name or f"{self.kind}:{','.join(str(p) for p in settings.paths)}"
         per_dir = None if settings.capacity_bytes is None else settings.capacity_bytes // len(settings.paths)
+        dir_settings = DirSettings(
+            capacity_bytes=per_dir, segment_bytes=settings.segment_bytes, refresh_interval_s=settings.refresh_interval_s,
+            seal_after_s=settings.seal_after_s, fsync=self.fsync, stripes=stripes, file_mode=settings.file_mode,
+            dir_mode=settings.dir_mode, max_age_s=settings.max_age_s)
         self.dirs = [
-            self.segment_dir_cls(p, capacity_bytes=per_dir, segment_bytes=settings.segment_bytes,
-                       refresh_interval_s=settings.refresh_interval_s, seal_after_s=settings.seal_after_s,
-                       fsync=self.fsync, name=f"{self.kind}{i}", stripes=stripes, read_only=read_only,
-                       evict=evict, file_mode=settings.file_mode, dir_mode=settings.dir_mode,
-                       max_age_s=settings.max_age_s)
+            self.segment_dir_cls(p, dir_settings, name=f"{self.kind}{i}", read_only=read_only, evict=evict)
             for i, p in enumerate(settings.paths)
         ]
 

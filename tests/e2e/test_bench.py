@@ -18,7 +18,7 @@ import pytest
 
 from lifeboat_cache.bench import SECTIONS
 from lifeboat_cache.bench.common import drop_page_cache, resident_pages
-from lifeboat_cache.bench.report import PLOTS
+from lifeboat_cache.bench.report_plots import PLOTS
 from lifeboat_cache.bench.sizes import QUICK, make
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -45,8 +45,7 @@ try:
 except FileNotFoundError as e:  # pragma: no cover - the CI conftest turns skips into failures
     pytest.skip(str(e), allow_module_level=True)
 from lifeboat_cache.testing.child_process import LOOPBACK  # noqa: E402
-from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME  # noqa: E402
-from lifeboat_cache.testing.sglang_server import (  # noqa: E402
+from lifeboat_cache.testing.sglang_server import (
     ServerFailed,
     SGLangServer,
     cpu_flags,
@@ -54,6 +53,7 @@ from lifeboat_cache.testing.sglang_server import (  # noqa: E402
     parse_metrics,
     prompt_ids,
 )
+from lifeboat_cache.tiers.segments.snapshot_file import SNAPSHOT_NAME  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PAGE = 64

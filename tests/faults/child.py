@@ -174,12 +174,13 @@ def snapwrite(config: str, after: int) -> None:
     import os
 
     import lifeboat_cache.tiers.segments.snapshots as seg
+    from lifeboat_cache.tiers.segments import SNAPSHOT_NAME
 
     seg.SNAPSHOT_INTERVAL_S, seg.SNAPSHOT_MIN_SEGMENTS = 0.1, 2
     settings = load_settings(config)
     st = ChunkStore.open(settings)
     d = st.tiers[0].dirs[0]
-    snap_file = os.path.join(str(settings.storage[0].paths[0]), seg.SNAPSHOT_NAME)
+    snap_file = os.path.join(str(settings.storage[0].paths[0]), SNAPSHOT_NAME)
     i = 0
 
     def put(n: int) -> None:

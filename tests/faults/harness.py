@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lifeboat_cache import codec
+from lifeboat_cache.records import codec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("child.py")

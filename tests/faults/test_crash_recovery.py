@@ -9,8 +9,7 @@ import os
 import random
 from pathlib import Path
 
-from harness import (FIGURES, STRESS, age_segments, check, cli, config, record_map, run_writer, snapshot_tree,
-                     write_keys)
+from harness import FIGURES, STRESS, age_segments, check, cli, config, record_map, run_writer, snapshot_tree, write_keys
 
 from lifeboat_cache.tiers.segments.format import read_table
 

@@ -11,10 +11,24 @@ import threading
 import time
 from pathlib import Path
 
-from harness import (FIGURES, ROOT, STRESS, CHILD, PAGE_BYTES, check, cli, config, env, mount_tmpfs, run_writer,
-                     snapshot_tree, umount, write_keys)
+from harness import (
+    CHILD,
+    FIGURES,
+    PAGE_BYTES,
+    ROOT,
+    STRESS,
+    check,
+    cli,
+    config,
+    env,
+    mount_tmpfs,
+    run_writer,
+    snapshot_tree,
+    umount,
+    write_keys,
+)
 
-from lifeboat_cache.codec import HEADER_SIZE
+from lifeboat_cache.records.codec import HEADER_SIZE
 
 STRIPES = 4  # LocalTier's open segments per path
 # documented slack (docs/storage.md): one record and one trailer per open segment beyond the capacity

@@ -8,16 +8,13 @@ import json
 import random
 from pathlib import Path
 
+import child
 import numpy as np
 from harness import FIGURES, STRESS, check, cli, config, record_map, run_writer, snapshot_tree, write_keys
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from lifeboat_cache.keys import key_digest
-from lifeboat_cache.tiers import quarantine as qlist
-from lifeboat_cache.tiers import snapshot as snap
-
-import child
+from lifeboat_cache.records.keys import key_digest
+from lifeboat_cache.tiers.segments import quarantine as qlist, snapshot_file as snap
 
 QUARANTINE_GARBAGE = [
     b"\xff\xfe\x00garbage that is not UTF-8\n",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from harness import FIGURES, age_segments, check, cli, config, run_writer, write_keys
 
-from lifeboat_cache import codec
+from lifeboat_cache.records import codec
 
 THREADS, PAGES = 6, 48
 

@@ -18,9 +18,9 @@ from harness import CHILD, FIGURES, ROOT, check, config, env, start_writer, writ
 
 from lifeboat_cache import ChunkStore
 from lifeboat_cache.config import load_settings
-from lifeboat_cache.tiers import snapshot as snap
+from lifeboat_cache.tiers.segments import snapshot_file as snap
 from lifeboat_cache.tiers.segments.format import parse_name
-from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
+from lifeboat_cache.tiers.segments.snapshot_file import SNAPSHOT_NAME
 
 
 def _lines(p: subprocess.Popen, out: list[str], done: threading.Event) -> threading.Thread:

@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lifeboat_cache import ChunkStore, codec, namespace_fingerprint
-from lifeboat_cache.codec import HEADER_SIZE
+from lifeboat_cache import ChunkStore, namespace_fingerprint
 from lifeboat_cache.config import ConfigError, TierSettings, settings_from_dict
-from lifeboat_cache.keys import index_key, key_digest
+from lifeboat_cache.records import codec, payloads
+from lifeboat_cache.records.codec import HEADER_SIZE
+from lifeboat_cache.records.keys import index_key, key_digest
 from lifeboat_cache.store import compresses
 
 NS = namespace_fingerprint(model="compression-test", dtype="bfloat16", page_size=64)
@@ -80,7 +81,7 @@ def test_local_tier_stores_raw_and_the_nfs_copy_is_compressed(tmp_path: Path) ->
         local, remote = records(st, 0), records(st, 1)
         assert len(local) == len(remote) == 12
         assert {h.codec for h in local} == {codec.RAW}
-        assert {h.codec for h in remote} == {codec.PLANES}
+        assert {h.codec for h in remote} == {payloads.PLANES}
         assert sum(h.raw_len for h in remote) / sum(h.stored_len for h in remote) > 1.1
     # a host with an empty local drive reads the compressed copy and promotes it raw
     settings = settings_from_dict({"storage": [tier("local", tmp_path / "nvme2"), tier("nfs", tmp_path / "nfs")],
@@ -100,12 +101,12 @@ def test_engine_compression_zstd_compresses_the_local_tier(tmp_path: Path) -> No
     settings = settings_from_dict({"storage": [tier("local", tmp_path / "a")], "engine": {"compression": "zstd"}})
     with ChunkStore.open(settings, background=False) as st:
         assert all(st.put(NS, ks, ps))
-        assert {h.codec for h in records(st, 0)} == {codec.PLANES}
+        assert {h.codec for h in records(st, 0)} == {payloads.PLANES}
         out = [np.zeros_like(p) for p in ps]
         assert all(st.get_into(NS, ks, out)) and all((a == b).all() for a, b in zip(out, ps))
 
 
-def _forged(key: str, raw_len: int, payload: bytes, kind: int = codec.PLANES) -> bytes:
+def _forged(key: str, raw_len: int, payload: bytes, kind: int = payloads.PLANES) -> bytes:
     """A record with valid checksums for whatever it declares (anyone who can write the store can)."""
     h = codec.Header(kind, 5, raw_len, len(payload), key_digest(NS, key), NS, codec.payload_crc([payload]))
     return codec.pack_header(h) + payload

@@ -34,15 +34,14 @@ import re
 import shlex
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
-from lifeboat_cache import statsfile
-from lifeboat_cache.config import ConfigError, parse_tier, settings_from_dict
-from lifeboat_cache.integrations import sglang_launch_rules as rules
+from lifeboat_cache.config import ConfigError, env as config_env, parse_tier, settings_from_dict
+from lifeboat_cache.integrations.launch import rules
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -51,7 +50,7 @@ SHELL = {"", "sh", "bash", "console"}
 
 
 def _mlx_rebuild_wait(env):
-    from lifeboat_cache.integrations.sglang_mlx import parse_rebuild_wait
+    from lifeboat_cache.runtimes.mlx.env import parse_rebuild_wait
 
     return parse_rebuild_wait(env)
 
@@ -64,7 +63,7 @@ ENV_PARSERS = {
     rules.ENV_WRITE_POLICY: rules.parse_write_policy,
     rules.ENV_ZERO_COPY: rules.parse_zero_copy,
     "LIFEBOAT_MLX_REBUILD_WAIT_S": _mlx_rebuild_wait,
-    statsfile.ENV_INTERVAL: statsfile.parse_interval,
+    config_env.ENV_INTERVAL: config_env.parse_interval,
     "SGLANG_USE_MLX": lambda env: env["SGLANG_USE_MLX"] in ("0", "1") or pytest.fail("SGLANG_USE_MLX=0|1"),
 }
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lifeboat_cache import statsfile
 from lifeboat_cache.config import ConfigError, find_config_file, load_settings, parse_key_file_env
-from lifeboat_cache.integrations import sglang_launch_rules as rules
+from lifeboat_cache.integrations.launch import rules
+from lifeboat_cache.ops import stats_file as statsfile
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_VARIABLES = {"LIFEBOAT_DEMO", "LIFEBOAT_RESULTS", "LIFEBOAT_SGLANG_"}  # output prefixes / a prefix
@@ -21,7 +21,7 @@ NOT_VARIABLES = {"LIFEBOAT_DEMO", "LIFEBOAT_RESULTS", "LIFEBOAT_SGLANG_"}  # out
 
 def _rebuild_wait(env):
     pytest.importorskip("sglang")
-    from lifeboat_cache.integrations.sglang_mlx import parse_rebuild_wait
+    from lifeboat_cache.runtimes.mlx.env import parse_rebuild_wait
 
     return parse_rebuild_wait(env)
 
@@ -33,7 +33,7 @@ def _blas(env):
 
 
 def _log_level(env):
-    from lifeboat_cache.demo.mlx_serving import parse_log_level
+    from lifeboat_cache.config.env import parse_log_level
 
     return parse_log_level(env)
 

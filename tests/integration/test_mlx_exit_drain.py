@@ -22,8 +22,8 @@ pytest.importorskip("sglang.srt.hardware_backend.mlx.kv_cache.attention_kv_pool"
 
 from lifeboat_cache import ChunkStore  # noqa: E402
 from lifeboat_cache.config import settings_from_dict  # noqa: E402
-from lifeboat_cache.runtimes import mlx as lbmlx  # noqa: E402
 from lifeboat_cache.demo.mlx_serving import child_env  # noqa: E402
+from lifeboat_cache.runtimes import mlx as lbmlx  # noqa: E402
 
 C = lbmlx.CHUNK_TOKENS
 FP = dict(weights="w", dtype="float32", num_layers=4, n_kv_heads=4, head_dim=64)  # 512 KiB chunks

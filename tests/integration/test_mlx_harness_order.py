@@ -25,8 +25,9 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang 0.5.23 is not installed")
 
-from lifeboat_cache.demo import mlx_serving  # noqa: E402
 from support.mlx_models import tiny_llama  # noqa: E402
+
+from lifeboat_cache.demo import mlx_serving  # noqa: E402
 
 
 def calls(fn: Callable) -> list[tuple[str, str]]:
@@ -156,7 +157,7 @@ FALLBACKS = textwrap.dedent("""
     import dataclasses, json, logging, os, sys
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
     from lifeboat_cache.demo.mlx_serving import MlxServing
-    from lifeboat_cache.integrations import sglang_mlx
+    from lifeboat_cache.integrations import radix_cache as sglang_mlx
 
     s = MlxServing(sys.argv[1], lifeboat=True, pool_size=512, max_running_requests=2)
     ctx = s.build_context

@@ -23,10 +23,10 @@ prometheus_client = pytest.importorskip("prometheus_client")
 
 from prometheus_client.multiprocess import MultiProcessCollector  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from lifeboat_cache.runtimes import mlx as lbmlx  # noqa: E402
-from lifeboat_cache.demo.mlx_serving import child_env, run_plan_process  # noqa: E402
 from support.mlx_models import tiny_llama  # noqa: E402
+
+from lifeboat_cache.demo.mlx_serving import child_env, run_plan_process  # noqa: E402
+from lifeboat_cache.runtimes import mlx as lbmlx  # noqa: E402
 
 C = lbmlx.CHUNK_TOKENS
 P = [int(x) for x in np.random.default_rng(0).integers(3, 500, size=300)]  # 4 full chunks

@@ -28,8 +28,7 @@ import numpy as np
 import pytest
 
 from lifeboat_cache.config import format_size
-from lifeboat_cache.runtimes.mlx import queue_size as qs
-from lifeboat_cache.runtimes.mlx import ModelFingerprint, writer_queue_size
+from lifeboat_cache.runtimes.mlx import ModelFingerprint, queue_size as qs, writer_queue_size
 
 MiB, GiB = 1 << 20, 1 << 30
 SMOLLM2 = ModelFingerprint(weights="w", dtype="float32", num_layers=30, n_kv_heads=3, head_dim=64)
@@ -115,7 +114,7 @@ def test_context_is_the_smaller_of_model_context_and_pool() -> None:
     pytest.importorskip("sglang", reason="SGLang 0.5.23 is not installed")
     from types import SimpleNamespace
 
-    from lifeboat_cache.integrations.sglang_mlx import context_tokens
+    from lifeboat_cache.integrations.radix_cache.factory import context_tokens
 
     ctx = SimpleNamespace(model_config=SimpleNamespace(context_len=8192))
     assert context_tokens(ctx, SimpleNamespace(pool_size=100_000)) == (8192, "the model's context length")

@@ -31,12 +31,13 @@ import pytest
 pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'mlx[cpu]')")
 pytest.importorskip("sglang", reason="SGLang 0.5.23 is not installed")
 
+from support.chunks import flip_byte  # noqa: E402
+from support.mlx_models import tiny_llama  # noqa: E402
+
 from lifeboat_cache import ChunkStore  # noqa: E402
 from lifeboat_cache.config import settings_from_dict  # noqa: E402
-from lifeboat_cache.runtimes import mlx as lbmlx  # noqa: E402
 from lifeboat_cache.demo.mlx_serving import child_env, run_plan_process  # noqa: E402
-from support.mlx_models import tiny_llama  # noqa: E402
-from support.chunks import flip_byte  # noqa: E402
+from lifeboat_cache.runtimes import mlx as lbmlx  # noqa: E402
 
 C = lbmlx.CHUNK_TOKENS
 N_FULL = 4  # a 300-token prompt: SGLang matches at most 299 tokens -> 4 full chunks (256 tokens)

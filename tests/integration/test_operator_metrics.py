@@ -30,7 +30,7 @@ CHILD = textwrap.dedent("""
     import numpy as np
     from lifeboat_cache import ChunkStore, namespace_fingerprint
     from lifeboat_cache.config import load_settings
-    from lifeboat_cache.statsfile import StatsReporter
+    from lifeboat_cache.ops.stats_file import StatsReporter
 
     cfg, rank, corrupt = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     store = ChunkStore.open(load_settings(cfg), background=False)

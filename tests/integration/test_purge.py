@@ -47,7 +47,7 @@ WRITER = textwrap.dedent("""
     from test_purge import page, ns_of, keys
     from lifeboat_cache import ChunkStore
     from lifeboat_cache.config import load_settings
-    from lifeboat_cache.statsfile import StatsReporter
+    from lifeboat_cache.ops.stats_file import StatsReporter
 
     cfg, n = sys.argv[2], int(sys.argv[3])
     specs = [s.split(":") for s in sys.argv[4:]]  # model:rank
@@ -244,7 +244,7 @@ def test_compaction_of_mostly_dead_segments(tmp_path: Path) -> None:
     d = tmp_path / "store"
     with ChunkStore.open(load_settings(cfg), background=False) as store:  # quarantine-free drop: forget beta
         tier = store.tiers[0]
-        from lifeboat_cache.keys import index_key, key_digest
+        from lifeboat_cache.records.keys import index_key, key_digest
 
         ns = ns_of("beta", 0)
         for k in keys("beta0", 60):
@@ -252,7 +252,7 @@ def test_compaction_of_mostly_dead_segments(tmp_path: Path) -> None:
             ref = tier.locate(ik)
             assert ref is not None
             tier.dirs[0].index.remove_if_match(ik, ref.loc)
-        from lifeboat_cache.purge import compact_tier
+        from lifeboat_cache.ops.purging import compact_tier
 
         got = compact_tier(tier, 0.6)
         assert got["rewritten"] >= 1 and got["kept_records"] == 60
@@ -328,8 +328,8 @@ def test_s3_purge_rewrites_and_deletes_objects(tmp_path: Path, s3_endpoint: str)
 
 
 def _rec(ns: bytes, tag: str, i: int) -> tuple[int, bytes, list[object], int]:
-    from lifeboat_cache import codec
-    from lifeboat_cache.keys import index_key, key_digest
+    from lifeboat_cache.records import codec
+    from lifeboat_cache.records.keys import index_key, key_digest
 
     k = keys(tag, 12)[i]
     dg = key_digest(ns, k)

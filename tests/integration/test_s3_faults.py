@@ -21,14 +21,13 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
+from s3_servers import S3RVER_KEY, S3RVER_SECRET, Blackhole, RefusingProxy, S3rver, require_s3rver  # noqa: E402
+
 from lifeboat_cache import ChunkStore, namespace_fingerprint  # noqa: E402
 from lifeboat_cache.config import ConfigError, apply_overrides, settings_from_dict  # noqa: E402
-from lifeboat_cache.tiers import s3_objects  # noqa: E402
-from lifeboat_cache.tiers.local import LocalTier  # noqa: E402
-from lifeboat_cache.tiers.s3 import S3Tier  # noqa: E402
 from lifeboat_cache.testing.faults import FaultyTier  # noqa: E402
-
-from s3_servers import S3RVER_KEY, S3RVER_SECRET, Blackhole, RefusingProxy, S3rver, require_s3rver  # noqa: E402
+from lifeboat_cache.tiers.local import LocalTier  # noqa: E402
+from lifeboat_cache.tiers.s3 import S3Tier, objects as s3_objects  # noqa: E402
 
 NS = namespace_fingerprint(model="s3-faults", dtype="float16", page_size=64)
 

@@ -18,16 +18,16 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
+from support import chunks  # noqa: E402
+from support.chunks import pages, wait_for  # noqa: E402
+
 from lifeboat_cache import ChunkStore, namespace_fingerprint  # noqa: E402
-from lifeboat_cache.config import settings_from_dict  # noqa: E402
-from lifeboat_cache.config import TierSettings  # noqa: E402
-from lifeboat_cache.keys import index_key, key_digest  # noqa: E402
+from lifeboat_cache.config import TierSettings, settings_from_dict  # noqa: E402
+from lifeboat_cache.records.keys import index_key, key_digest  # noqa: E402
 from lifeboat_cache.testing.tiers import Rec, TierTests  # noqa: E402
 from lifeboat_cache.tiers.base import Ref, Tier  # noqa: E402
 from lifeboat_cache.tiers.s3 import S3Tier  # noqa: E402
-from lifeboat_cache.tiers.s3_objects import OBJECT_SUFFIX  # noqa: E402
-from support import chunks  # noqa: E402
-from support.chunks import pages, wait_for  # noqa: E402
+from lifeboat_cache.tiers.s3.objects import OBJECT_SUFFIX  # noqa: E402
 
 NS = namespace_fingerprint(model="s3-test", dtype="bfloat16", page_size=64)
 

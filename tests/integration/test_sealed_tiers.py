@@ -13,12 +13,13 @@ from typing import Any
 import boto3
 import numpy as np
 import pytest
-
-from lifeboat_cache import ChunkStore, codec, namespace_fingerprint
-from lifeboat_cache.config import settings_from_dict
-from lifeboat_cache.sealing import AUTH, UNSEALED
 from support.chunks import keys, page, wait_for
 from support.sealed import encryption, forge_checksums, make_key, plant, raw_record, with_identity
+
+from lifeboat_cache import ChunkStore, namespace_fingerprint
+from lifeboat_cache.config import settings_from_dict
+from lifeboat_cache.records import codec, payloads
+from lifeboat_cache.records.sealing import AUTH, UNSEALED
 
 pytest.importorskip("moto")
 
@@ -134,7 +135,7 @@ def test_tiered_copies_are_compressed_then_sealed_and_promotions_sealed(tmp_path
         for level in (0, 1):
             hs = [codec.unpack_header(raw_record(st, NS, k, level)) for k in ks]
             assert all(h.sealed for h in hs)
-            assert {h.codec for h in hs} == ({codec.RAW} if level == 0 else {codec.PLANES})
+            assert {h.codec for h in hs} == ({codec.RAW} if level == 0 else {payloads.PLANES})
     only_lower = [storage[1]]
     with store(only_lower, key) as st:
         assert all(get(st, ks, ps))

@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from lifeboat_cache.config import ConfigError
-from lifeboat_cache.keys import digests
+from lifeboat_cache.records.keys import digests
 from lifeboat_cache.testing.faults import FaultyTier
 from lifeboat_cache.tiers.segments.format import read_table
-from lifeboat_cache.tiers.snapshot import SNAPSHOT_NAME
+from lifeboat_cache.tiers.segments.snapshot_file import SNAPSHOT_NAME
 
 sglang_pools = pytest.importorskip("sglang_pools", reason="SGLang 0.5.23 is not installed")
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
@@ -35,7 +35,6 @@ from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
 )
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.observability.metrics_collector import StorageMetrics  # noqa: E402
-
 from sglang_pools import (  # noqa: E402
     LAYOUTS,
     CpuHiCache,

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sglang.srt.mem_cache.pool_host.mha")
 
-from lifeboat_cache.integrations import sglang_cpu  # noqa: E402
+from lifeboat_cache.integrations.launch import cpu as sglang_cpu  # noqa: E402
 
 
 def test_transfer_kv_direct_copies_token_rows_by_index() -> None:

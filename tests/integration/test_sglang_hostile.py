@@ -27,9 +27,12 @@ import torch
 
 pytest.importorskip("hypothesis")
 sglang_pools = pytest.importorskip("sglang_pools", reason="SGLang 0.5.23 is not installed")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from lifeboat_cache.config import ConfigError  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import (  # noqa: E402
+    HealthCheck,
+    given,
+    settings,
+    strategies as st,  # noqa: E402
+)
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     HiCacheStorageExtraInfo,
     PoolHitPolicy,
@@ -37,7 +40,6 @@ from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     PoolTransfer,
     PoolTransferResult,
 )
-
 from sglang_pools import (  # noqa: E402
     create_backend,
     fill_random,
@@ -48,6 +50,8 @@ from sglang_pools import (  # noqa: E402
     page_keys,
     storage_config,
 )
+
+from lifeboat_cache.config import ConfigError  # noqa: E402
 
 SCALE = int(os.environ.get("LIFEBOAT_FUZZ_SCALE", "1"))
 PAGES = 8  # tracked pages (keys K): hostile calls on them are invalid by construction

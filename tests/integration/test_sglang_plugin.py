@@ -31,10 +31,10 @@ import pytest
 pytest.importorskip("sglang.srt.server_args")
 
 from lifeboat_cache.integrations import sglang_plugin  # noqa: E402
-from lifeboat_cache.integrations import sglang_launch_rules as rules  # noqa: E402
-from lifeboat_cache.integrations.sglang_launch_rules import GB  # noqa: E402
+from lifeboat_cache.integrations.launch import rules, sizing  # noqa: E402
+from lifeboat_cache.integrations.launch.sizing import GB  # noqa: E402
 
-EXTRA = json.dumps(dict(rules.BACKEND_EXTRA_CONFIG))
+EXTRA = json.dumps(dict(sizing.BACKEND_EXTRA_CONFIG))
 LIFEBOAT = dict(
     enable_hierarchical_cache=True, hicache_storage_backend="dynamic", hicache_storage_backend_extra_config=EXTRA
 )
@@ -373,7 +373,7 @@ def test_one_variable_start_on_a_cuda_launch(monkeypatch) -> None:
     v = view(sa)
     assert v.enable_hierarchical_cache is True
     assert v.hicache_storage_backend == "dynamic"
-    assert json.loads(v.hicache_storage_backend_extra_config) == dict(rules.BACKEND_EXTRA_CONFIG)
+    assert json.loads(v.hicache_storage_backend_extra_config) == dict(sizing.BACKEND_EXTRA_CONFIG)
     assert v.page_size == 64 and v.hicache_size == 6
     _, memory = bags(sa)
     assert memory.enable_hierarchical_cache is True and memory.hicache_storage_backend == "dynamic"
@@ -683,7 +683,7 @@ def test_a_bad_config_file_stops_the_launch_naming_file_and_key(tmp_path: Path, 
 def test_a_bad_extra_config_key_stops_the_launch() -> None:
     from lifeboat_cache.config import ConfigError
 
-    extra = json.dumps({**rules.BACKEND_EXTRA_CONFIG, "io_workerz": 4})
+    extra = json.dumps({**sizing.BACKEND_EXTRA_CONFIG, "io_workerz": 4})
     with pytest.raises(ConfigError, match="--hicache-storage-backend-extra-config.*io_workerz"):
         resolve(enable_hierarchical_cache=True, hicache_storage_backend="dynamic",
                 hicache_storage_backend_extra_config=extra)
@@ -695,7 +695,7 @@ def test_an_unwritable_store_directory_stops_the_launch(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     storage = [{"type": "local", "path": str(tmp_path / "ok")}, {"type": "nfs", "path": str(blocker / "store")}]
-    extra = json.dumps({**rules.BACKEND_EXTRA_CONFIG, "storage": storage})
+    extra = json.dumps({**sizing.BACKEND_EXTRA_CONFIG, "storage": storage})
     with pytest.raises(ConfigError, match=r"storage\[1\]\.path: the store directory .*a-file/store is not writable "
                                           r"\(Not a directory\); fix the path or its permissions"):
         resolve(enable_hierarchical_cache=True, hicache_storage_backend="dynamic",
@@ -707,7 +707,7 @@ def test_a_hung_store_directory_does_not_hang_the_launch(tmp_path: Path, monkeyp
     """A directory whose probe does not come back (a frozen filer) is logged; the launch goes on."""
     import threading
 
-    from lifeboat_cache.integrations import sglang_preflight
+    from lifeboat_cache.integrations.launch import preflight as sglang_preflight
 
     frozen = threading.Event()
     monkeypatch.setattr(sglang_preflight, "make_dirs", lambda path: frozen.wait(30))

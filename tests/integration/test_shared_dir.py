@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
-from lifeboat_cache.tiers.segments import ORPHAN_IDLE_S
 from lifeboat_cache.config import settings_from_dict
+from lifeboat_cache.tiers.segments import ORPHAN_IDLE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,8 +115,8 @@ CRASHING_WRITER = COMMON + textwrap.dedent('''
     if host != "-":  # pretend to be a writer on another host
         import lifeboat_cache.tiers.segments.units as seg
         seg.writer_tag = lambda: f"{host}-{os.getpid()}"
-    from lifeboat_cache import codec
-    from lifeboat_cache.keys import key_digest
+    from lifeboat_cache.records import codec
+    from lifeboat_cache.records.keys import key_digest
     st = ChunkStore.open(settings(kind, root, seal_after_s=3600))  # never sealed before the crash
     assert all(st.put(NS, [f"ok-{i}" for i in range(n)], [page(3, i) for i in range(n)]))
     d = st.tiers[0].dirs[0]
@@ -216,7 +216,7 @@ def test_crashed_writers_torn_segment_is_skipped(tmp_path: Path, host: str) -> N
 # Protocol constants shortened for test time: every process of a test sets the same values, as every
 # host runs the same release (they are never settings).
 PROTOCOL = textwrap.dedent('''
-    import lifeboat_cache.tiers.nfs as sfs
+    import lifeboat_cache.tiers.segments.shared_dir as sfs
     sfs.HEARTBEAT_S, sfs.ABANDON_AFTER_S = 0.2, 1.5
 ''')
 HEARTBEAT_S, ABANDON_AFTER_S = 0.2, 1.5
@@ -278,7 +278,7 @@ class Controlled:
 
 
 def _reader(root: Path, monkeypatch: pytest.MonkeyPatch, capacity: str = "1GiB") -> ChunkStore:
-    import lifeboat_cache.tiers.nfs as sfs
+    import lifeboat_cache.tiers.segments.shared_dir as sfs
     monkeypatch.setattr(sfs, "HEARTBEAT_S", HEARTBEAT_S)
     monkeypatch.setattr(sfs, "ABANDON_AFTER_S", ABANDON_AFTER_S)
     tier = {"type": "nfs", "path": str(root), "capacity": capacity, "segment_size": "1MiB",

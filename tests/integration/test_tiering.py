@@ -14,15 +14,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import chunks
+from support.chunks import pages, wait_for
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
 from lifeboat_cache.config import settings_from_dict
-from lifeboat_cache.keys import index_key, key_digest
+from lifeboat_cache.records.keys import index_key, key_digest
 from lifeboat_cache.testing.faults import FaultyTier
 from lifeboat_cache.testing.memory import MemoryTier
 from lifeboat_cache.tiers.local import LocalTier
-from support import chunks
-from support.chunks import pages, wait_for
 
 NS = namespace_fingerprint(model="tiering-test", dtype="bfloat16", page_size=64)
 ENGINE = {"io_workers": 4, "failure_cooldown_s": 0.3, "failure_cooldown_max_s": 0.6}
@@ -242,7 +242,7 @@ def test_promotion_lands_on_the_dialogs_drive(tmp_path: Path) -> None:
 
 
 def _record(key: str, page: np.ndarray) -> bytes:
-    from lifeboat_cache import codec
+    from lifeboat_cache.records import codec
 
     flat = codec.as_bytes_view(page)
     header, parts, _ = codec.build_record(flat, itemsize=2, dtype=codec.dtype_code(page), digest=key_digest(NS, key),

@@ -9,8 +9,8 @@ from typing import Any
 
 import xxhash
 
-from lifeboat_cache import codec
-from lifeboat_cache.keys import digests
+from lifeboat_cache.records import codec
+from lifeboat_cache.records.keys import digests
 from lifeboat_cache.store import ChunkStore
 
 

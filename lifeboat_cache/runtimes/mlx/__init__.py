@@ -25,22 +25,27 @@ imported inside the functions that need it, so this package imports without MLX.
 from __future__ import annotations
 
 from .engine import MlxChunkEngine, RequestPathClock
-from .fingerprint import (LAYOUT_VERSION, STATE_LAYOUT_VERSION, TAIL_LAYOUT_VERSION, ModelFingerprint,
-                          mx_dtype_name, weights_identity)
+from .env import (
+    DEFAULT_BLAS, DEFAULT_REBUILD_WAIT_S, ENV_BLAS_PRELOAD, ENV_REBUILD_WAIT, MLX_VARIABLES, parse_blas_preload,
+    parse_rebuild_wait)
+from .fingerprint import (
+    LAYOUT_VERSION, STATE_LAYOUT_VERSION, TAIL_LAYOUT_VERSION, ModelFingerprint, mx_dtype_name, weights_identity)
 from .hybrid import HybridState, numpy_to_state, state_specs_bytes, state_to_numpy
 from .keys import CHUNK_TOKENS, chain_seed, chunk_keys, tail_key
 from .queue_size import QueueSize, writer_queue_size
 from .reader import ChunkRead, ChunkReader, PrefetchTable, RowBuffers
-from .transfer import (PoolLayout, gather_chunks, gather_request_chunks, gather_request_rows, install_chunks,
-                       install_rows, numpy_view, prepare_pool, settle_pool)
+from .transfer import (
+    PoolLayout, gather_chunks, gather_request_chunks, gather_request_rows, install_chunks, install_rows, numpy_view,
+    prepare_pool, settle_pool)
 from .writer import ChunkWriter, drain_at_exit
 
 __all__ = [
-    "CHUNK_TOKENS", "LAYOUT_VERSION", "STATE_LAYOUT_VERSION", "TAIL_LAYOUT_VERSION",
+    "CHUNK_TOKENS", "DEFAULT_BLAS", "DEFAULT_REBUILD_WAIT_S", "ENV_BLAS_PRELOAD", "ENV_REBUILD_WAIT", "LAYOUT_VERSION",
+    "MLX_VARIABLES", "STATE_LAYOUT_VERSION", "TAIL_LAYOUT_VERSION",
     "ChunkRead", "ChunkReader", "ChunkWriter", "HybridState", "MlxChunkEngine", "ModelFingerprint",
     "PoolLayout", "PrefetchTable", "QueueSize", "RequestPathClock", "RowBuffers",
     "chain_seed", "chunk_keys", "drain_at_exit", "gather_chunks", "gather_request_chunks", "gather_request_rows",
-    "install_chunks", "install_rows", "mx_dtype_name", "numpy_to_state", "numpy_view", "prepare_pool", "settle_pool",
+    "install_chunks", "install_rows", "mx_dtype_name", "numpy_to_state", "numpy_view", "parse_blas_preload", "parse_rebuild_wait", "prepare_pool", "settle_pool",
     "state_specs_bytes", "state_to_numpy", "tail_key", "weights_identity",
     "writer_queue_size",
 ]

@@ -13,8 +13,8 @@ import numpy as np
 from .fingerprint import ModelFingerprint
 from .keys import chain_seed, chunk_keys, tail_key
 from .reader import ChunkRead, ChunkReader, PrefetchTable, RowBuffers
-from .transfer import (PoolLayout, gather_chunks, gather_request_chunks, install_rows, numpy_view, prepare_pool,
-                       settle_pool)
+from .transfer import (
+    PoolLayout, gather_chunks, gather_request_chunks, install_rows, numpy_view, prepare_pool, settle_pool)
 from .writer import ChunkWriter
 
 if TYPE_CHECKING:

@@ -1,12 +1,12 @@
 """The MLX runtime's environment variables (index wait of a launch, OpenBLAS preload) and their parsers.
 
-`LIFEBOAT_MLX_REBUILD_WAIT_S` is read by the MLX launch (`integrations/sglang_mlx.py`),
+`LIFEBOAT_MLX_REBUILD_WAIT_S` is read by the MLX launch (`integrations/radix_cache/factory.py`),
 `LIFEBOAT_BLAS_PRELOAD` by the MLX child processes' environment (`demo/mlx_serving.child_env`, used by
 the demo, bench and tests); both re-export these names. They live with the MLX runtime, not in the
-core's `envvars.py`, which only supplies `Variable` and ConfigError's wording: every error starts with
+core's `config/env.py`, which only supplies `Variable` and ConfigError's wording: every error starts with
 the variable's name and says what to set instead.
 
-Runtimes layer: imports only core modules (`envvars`, `config`); nothing here imports MLX.
+Runtimes layer: imports only core modules (`config`); nothing here imports MLX.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from ...config import ConfigError
-from ...envvars import Env, Variable
+from ...config import ConfigError, Env, Variable
 
 ENV_REBUILD_WAIT = "LIFEBOAT_MLX_REBUILD_WAIT_S"
 ENV_BLAS_PRELOAD = "LIFEBOAT_BLAS_PRELOAD"
@@ -53,7 +52,7 @@ def parse_blas_preload(env: Env) -> Optional[str]:
     return given or None
 
 
-#: The MLX runtime's variables (the full table, every layer's, is `env_table.VARIABLES`).
+#: The MLX runtime's variables (the full table, every layer's, is `cli.env_table.VARIABLES`).
 MLX_VARIABLES: tuple[Variable, ...] = (
     Variable(ENV_REBUILD_WAIT, f"{DEFAULT_REBUILD_WAIT_S:.0f}",
              "seconds an MLX launch waits for the store's index (0 to 3600)", parse_rebuild_wait),

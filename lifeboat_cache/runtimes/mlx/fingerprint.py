@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ...keys import namespace_fingerprint
+from ...records import namespace_fingerprint
 from .keys import CHUNK_TOKENS
 
 log = logging.getLogger(__name__)

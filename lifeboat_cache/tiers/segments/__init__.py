@@ -1,24 +1,32 @@
-"""A directory of log-structured segment files, shared by any number of writer processes.
+"""A directory of log-structured segment files, shared by any number of writer processes (local, nfs).
 
 Each process appends records to its own segment files (`<ms>-<host>-<pid>-<token><n>.seg`: one
 writer per file, names sort by age), so nothing needs a cross-process or cross-host lock. A full
-segment is sealed with a trailer (format.py), so a later scan reads one table. Readers discover
-other writers' segments by listing the directory; an unsealed one is walked record by record
-(rebuild.py), which skips holes and bad records and resynchronises on the next valid record.
+segment is sealed with the unit trailer (records/trailer.py), so a later scan reads one table.
+Readers discover other writers' segments by listing the directory; an unsealed one is walked record
+by record, skipping holes and bad records.
 
 `SegmentDir` is the coordinator (CacheLib Navy's cut): it wires one directory's parts and runs its
 index thread, and never parses a record or touches a unit's fields itself.
 
-    units.py       UnitTable: units, fds, add / drop, the lock (its only owner)
-    writers.py     this process's open segments: stripes, reservation, appends, sealing
-    rebuild.py     listing, scans, catch-up, batched inserts, the record walk
-    reads.py       the read path: adjacent records in one preadv, stale locations, purge rules
-    indexer.py     the index thread: initial rebuild, periodic refresh, change-counter catch-up
-    snapshots.py   the index snapshot: load and check at open, save at close and periodically
-    eviction.py    capacity gc, and the EvictionPolicy / SharingPolicy a directory kind passes in
-    compaction.py  purge rules on the index, and `lifeboat gc`'s rewrite of purged segments
-    inspection.py  per-segment figures (`lifeboat stats`) and the file -> index half of verify
-    format.py      the file format (names, trailer) and safe file access, shared with s3.py
+    directory.py      SegmentDir: the directory's public API (what tiers, purge and the CLI use)
+    settings.py       DirSettings: capacity, segment size, refresh, sealing, modes, max age
+    units.py          UnitTable: units, fds, add / drop, the lock (its only owner)
+    writers.py        this process's open segments: stripes, reservation, appends, sealing
+    rebuild.py        Scanner: listing, scans, catch-up, batched inserts, orphan sealing
+    walk.py           the walk of an unsealed segment, resynchronising past damage
+    reads.py          the read path: adjacent records in one preadv, stale locations
+    purge_filter.py   purge.list rules plus max_age, used by the read path, the index sweep and gc
+    indexer.py        the index thread: initial rebuild, periodic refresh, change-counter catch-up
+    snapshots.py      when the index snapshot is loaded, checked and saved (policy)
+    snapshot_file.py  the `index.snapshot` file: per-shard checksummed columns (format)
+    eviction.py       capacity gc, and the EvictionPolicy / SharingPolicy a directory kind passes in
+    shared_dir.py     NfsSharing: the policies of a directory other hosts write into (nfs)
+    compaction.py     purge rules on the index, and `lifeboat gc`'s rewrite of purged segments
+    inspection.py     per-segment figures (`lifeboat stats`) and the file -> index half of verify
+    quarantine.py     records that failed verification (validated lines, O_APPEND, never via a link)
+    changes.py        the change counter: other processes of the host see a write in ms
+    format.py         segment names and ages, the trailer read and written through an fd
 
 Invariants: write, then index; unit ids only grow; a scan never overwrites a newer index entry;
 eviction unlinks whole oldest sealed segments; no file with intact records after a damaged one is
@@ -27,344 +35,14 @@ ever truncated; bytes on disk (open segments included) stay within the capacity 
 
 from __future__ import annotations
 
-import errno
-import logging
-import os
-import shutil
-import threading
-from contextlib import AbstractContextManager
-from pathlib import Path
-from typing import Iterator, Sequence
+from .compaction import DEFAULT_COMPACT_BELOW, compact
+from .directory import SegmentDir
+from .format import SEGMENT_SUFFIX, parse_name, unit_ms
+from .settings import ORPHAN_IDLE_S, DirSettings
+from .shared_dir import NfsSegmentDir
+from .snapshot_file import SNAPSHOT_NAME
 
-import numpy as np
-
-from ...cooldown import LogOnce
-from ...index import Index, Loc
-from ...metrics import Counters
-from ..base import Record
-from ..changes import SEGMENTS, ChangeCounter
-from ..quarantine import Quarantine
-from . import compaction, inspection
-from .eviction import EvictionPolicy, SharingPolicy, evict
-from .format import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, make_dirs, open_file
-from .indexer import IndexThread
-from .reads import Reader
-from .rebuild import Scanner
-from .snapshots import Snapshots
-from .units import Unit, UnitTable
-from .writers import Writers
-
-log = logging.getLogger(__name__)
-
-AUTO_CAPACITY_MAX_BYTES = 64 << 30
-ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long, is sealed by the next open
-OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
-MIN_OPEN_SEGMENT_BYTES = 64 << 10
-
-
-class SegmentDir:
-    """One store directory of segment files with its own in-memory index.
-
-    `read_only`: never create, change or delete a file (stats, verify). `evict=False`: change files
-    (quarantine, orphan seal) but never evict (verify --fix). `eviction` / `sharing`: the policies of
-    a directory other hosts share (nfs.py); the defaults are a local directory's.
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        *,
-        capacity_bytes: int | None,
-        segment_bytes: int,
-        refresh_interval_s: float = 1.0,
-        seal_after_s: float | None = None,
-        fsync: bool = False,
-        name: str = "local",
-        stripes: int = 1,
-        read_only: bool = False,
-        evict: bool = True,
-        file_mode: int = DEFAULT_FILE_MODE,
-        dir_mode: int = DEFAULT_DIR_MODE,
-        orphan_idle_s: float = ORPHAN_IDLE_S,
-        max_age_s: float | None = None,
-        eviction: EvictionPolicy | None = None,
-        sharing: SharingPolicy | None = None,
-    ) -> None:
-        self.path = Path(path)
-        self.name = name
-        self.refresh_interval_s = refresh_interval_s
-        self.seal_after_s = seal_after_s
-        self.fsync = fsync
-        self.read_only = read_only
-        self.evict = evict and not read_only
-        self.file_mode, self.dir_mode = file_mode, dir_mode
-        self.eviction = eviction or EvictionPolicy()
-        self.sharing = sharing or SharingPolicy()
-        self.index = Index()
-        self.purge = compaction.PurgeFilter(self.path, max_age_s)  # purge.list rules and max_age
-        self.table = UnitTable(self.path, self.index)
-        self._logged = LogOnce(log)
-        self._closed = threading.Event()
-        self._changes: ChangeCounter | None = None
-        self.counters = Counters()  # updated from the index thread, writers and the store's io threads
-        self.counters.declare(
-            "change_catch_ups",
-            "scan_records", "scan_torn", "scan_damaged_bytes", "evicted_segments",
-            "evicted_bytes", "sealed_segments", "seal_failures", "rebuild_ms",
-            "foreign_files", "quarantine_bad_lines", "snapshot_discarded",
-            "snapshot_dropped_entries", "snapshot_mismatched_units", "snapshot_pages", "snapshot_segments",
-            "scanned_segments", "snapshot_saves", "snapshot_save_failures", "snapshot_save_ms")
-        self.quarantined = Quarantine(self.path, file_mode=file_mode, read_only=read_only, counters=self.counters,
-                                      log_once=self.log_once, foreign=self.foreign)
-        self.scanner = Scanner(self.table, self.index, self.counters, self.quarantined, read_only=read_only,
-                               orphan_idle_s=orphan_idle_s, own_names=lambda: self.writers.open_names(),
-                               scan_hook=self.sharing.scan, write_trailer=self.sharing.write_trailer,
-                               after_refresh=self._after_refresh, foreign=self.foreign, log_once=self.log_once)
-        self.snapshots = Snapshots(self.table, self.index, self.counters, self.scanner, self.quarantined,
-                                   file_mode=file_mode, fsync=fsync, read_only=read_only,
-                                   closed=self._closed.is_set, log_once=self.log_once)
-        self.reader = Reader(self.table, self.purge, self.sharing, self.counters, self.foreign)
-        if not read_only:
-            self._check_writable()
-            self._open_changes()  # a read-only open (stats, ls, verify) neither creates nor polls it
-        if capacity_bytes is None:
-            capacity_bytes = min(AUTO_CAPACITY_MAX_BYTES, (self._free_bytes() + self._disk_bytes()) // 2)
-        self.capacity_bytes = capacity_bytes
-        # open segments are sized so that, all full, they fit in a share of the capacity
-        share = max(MIN_OPEN_SEGMENT_BYTES, capacity_bytes // (OPEN_SHARE * stripes))
-        self.writers = Writers(self.table, self.index, self.counters, stripes=stripes,
-                               segment_bytes=min(segment_bytes, share), file_mode=file_mode, fsync=fsync,
-                               changed=self._changed, write_trailer=self.sharing.write_trailer,
-                               log_once=self.log_once)
-        self.indexer = IndexThread(name, self.index, self.counters, self.scanner, self.snapshots, self.quarantined,
-                                   self.sharing, self._changes, refresh_interval_s=refresh_interval_s,
-                                   read_only=read_only, closed=self._closed, periodic=self._maybe_time_seal)
-
-    @property
-    def segment_bytes(self) -> int:
-        return self.writers.segment_bytes
-
-    @property
-    def orphan_idle_s(self) -> float:
-        return self.scanner.orphan_idle_s
-
-    @property
-    def change_counter(self) -> ChangeCounter | None:
-        """The directory's change counter (changes.py); None when read-only or it could not be mapped."""
-        return self._changes
-
-    def _check_writable(self) -> None:
-        try:
-            make_dirs(self.path, self.dir_mode)
-            probe = self.path / f".probe-{self.table.tag}-{self.table.token}"
-            os.close(open_file(probe, os.O_WRONLY | os.O_CREAT, self.file_mode))
-            os.unlink(probe)
-        except OSError as e:
-            raise OSError(e.errno, f"store directory {self.path} is not writable ({e.strerror}); "
-                                   "fix the path in lifeboat.yaml (storage[].path) or its permissions") from None
-
-    def _open_changes(self) -> None:
-        """Map the directory's change counter (changes.py); without it, only the listing refresh finds pages."""
-        try:
-            self._changes = ChangeCounter(self.path, create=True, file_mode=self.file_mode)
-        except (OSError, ValueError) as e:
-            self._changes = None
-            self.log_once("changes", "lifeboat: %s: no change counter (%s); other processes' pages appear "
-                                     "on the listing refresh only", self.path, e)
-
-    def _free_bytes(self) -> int:
-        p = self.path
-        while not p.exists() and p.parent != p:  # read-only open of a missing directory
-            p = p.parent
-        try:
-            return shutil.disk_usage(p).free
-        except OSError:
-            return 0
-
-    def _disk_bytes(self) -> int:
-        try:
-            return sum(self.scanner.list().values())
-        except OSError:
-            return 0
-
-    def log_once(self, key: str, msg: str, *args: object) -> bool:
-        return self._logged.log(key, msg, *args)
-
-    def foreign(self, name: str, why: str) -> None:
-        """Report a symlink or non-regular file where a store file should be (once per name)."""
-        if self.log_once(f"foreign:{name}", "lifeboat: %s: ignoring %s (%s)", self.path, name, why):
-            self.counters.add("foreign_files")
-
-    def _changed(self, segments: bool = False) -> None:
-        if self._changes is not None:
-            self._changes.bump(SEGMENTS if segments else 0)
-
-    # ------------------------------------------------------------------ open / index thread
-    def open(self, background: bool = True) -> None:
-        """Start the index rebuild: snapshot (fast first hits), then the scan of what is newer.
-
-        With background=True nothing here touches the disk; the caller gets the store at once.
-        """
-        self.indexer.start(background)
-
-    def wait_rebuilt(self, timeout: float | None = None) -> bool:
-        return self.indexer.rebuilt.wait(timeout)
-
-    @property
-    def rebuilt(self) -> bool:
-        return self.indexer.rebuilt.is_set()
-
-    def stop_refresh(self) -> None:
-        """Stop the index thread's refreshes and periodic snapshots (close() does it first)."""
-        self._closed.set()
-
-    def _after_refresh(self) -> None:
-        compaction.apply(self)  # purge rules, after the batched entries are in the index
-        self._auto_gc()
-
-    # ------------------------------------------------------------------ write path
-    def append(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int) -> Loc:
-        """Append one record (header + payload parts) and index it. Raises OSError on I/O failure."""
-        locs, err = self.append_many([(ikey, digest, bufs, length)])
-        if err is not None:
-            raise err
-        return locs[0]
-
-    def append_many(self, records: Sequence[Record]) -> tuple[list[Loc], OSError | None]:
-        """Append records (ikey, digest, bufs, length) in order and index them: (locs written, error).
-
-        A run costs one reservation, one pwritev and one index insert per segment it lands in, and one
-        change signal, not one of each per record. The rules of a single record hold for each: it is
-        indexed only after its bytes are written; on a failure (full disk) the leading records that
-        were written stay indexed, the rest are dropped (never indexed) and the error is returned, and
-        the segment is sealed as after a failed single write. Raises OSError only when read-only.
-        """
-        if self.read_only:
-            raise OSError(errno.EROFS, f"{self.path} is open read-only")
-        locs: list[Loc] = []
-        rolled = False
-        err: OSError | None = None
-        while len(locs) < len(records) and err is None:
-            try:
-                part, roll, err = self.writers.append_part(records, len(locs))
-            except OSError as e:  # no segment could be opened for the rest
-                part, roll, err = [], False, e
-            locs += part
-            rolled |= roll
-        if locs:
-            self._changed()  # write, index, then tell the other processes of this host
-        if rolled:  # a segment was opened for this run: enforce the capacity bound now
-            self._auto_gc()
-        return locs, err
-
-    def seal(self) -> None:
-        """Seal the open segments now (flush / close / shared-FS visibility)."""
-        self.writers.seal()
-
-    def _maybe_time_seal(self) -> None:
-        if self.writers.has_unsealed:
-            self.writers.retry_seals()
-        if self.seal_after_s is not None:
-            self.writers.seal_older(self.seal_after_s)
-
-    # ------------------------------------------------------------------ read path
-    def read_into(self, loc: Loc, bufs: Sequence[memoryview]) -> bool:
-        """Read the record at loc into bufs (which together hold loc.length bytes).
-
-        Returns False when the location is stale (evicted/vanished segment, short file); raises
-        OSError for real I/O errors so the store can enter its cooldown.
-        """
-        return self.read_run([loc], [bufs])[0]
-
-    def read_run(self, locs: Sequence[Loc], bufs: Sequence[Sequence[memoryview]]) -> list[bool]:
-        """`read_into` for many records: adjacent records of one segment in one preadv (see reads.py)."""
-        return self.reader.read_run(locs, bufs)
-
-    def unit_name(self, unit_id: int) -> str | None:
-        u = self.table.get(unit_id)
-        return u.name if u else None
-
-    # ------------------------------------------------------------------ capacity
-    def usage_bytes(self) -> int:
-        with self.table.lock:
-            return sum(u.size for u in self.table.live())
-
-    def units(self, *, own: bool = True) -> list[tuple[str, int, bool]]:
-        """(name, bytes, sealed) of each segment, by name; own=False leaves out this process's open ones."""
-        with self.table.lock:
-            return [(u.name, u.size, u.sealed) for u in sorted(self.table.live(), key=lambda u: u.name)
-                    if own or not u.own]
-
-    def _auto_gc(self) -> None:
-        """The capacity bound a serving process keeps; a maintenance open (evict=False) skips it."""
-        if self.evict:
-            self.gc()
-
-    def gc(self, target_bytes: int | None = None) -> int:
-        """Evict whole oldest sealed segments until the bytes on disk, open segments counted full, fit.
-
-        Seals idle open segments early when only they are left to evict. Returns bytes freed
-        (0 when open read-only). Called explicitly by `lifeboat gc`, and by serving processes.
-        """
-        if self.read_only:
-            return 0
-        limit = self.capacity_bytes if target_bytes is None else target_bytes
-        return evict(self.table, self.writers, self.eviction, limit, self.counters, self.log_once)
-
-    # ------------------------------------------------------------------ inspection, verify, quarantine
-    def describe(self) -> list[dict[str, int | str | bool]]:
-        """Per segment: records, stored and raw bytes (see inspection.describe)."""
-        return inspection.describe(self)
-
-    def audit(self, fix: bool = False) -> list[str]:
-        """The file -> index half of verify (see inspection.audit)."""
-        return inspection.audit(self, fix)
-
-    def reading(self, name: str) -> AbstractContextManager[int | None]:
-        """The read fd of segment `name`, held open for the block; None when it is gone or cannot be opened."""
-        return self.table.reading(name)
-
-    def is_quarantined(self, name: str, offset: int) -> bool:
-        return (name, offset) in self.quarantined
-
-    def index_found(self, name: str, keys: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> int:
-        """Index intact records that a scan missed (verify --fix); 0 when the segment is gone."""
-        unit = self.table.named(name)
-        return 0 if unit is None else self.scanner.index_entries(unit, keys, offs, lens)
-
-    def quarantine_region(self, name: str, offset: int, length: int, reason: str) -> None:
-        """Remember a damaged region so it is reported once (verify --fix)."""
-        self.quarantined.record(name, offset, length, reason)
-
-    def quarantine(self, ikey: int, loc: Loc, reason: str) -> None:
-        """Drop a bad record from the index and remember it so no later scan brings it back."""
-        self.index.remove_if_match(ikey, loc)
-        name = self.unit_name(loc.unit)
-        if name is not None:
-            self.quarantined.record(name, loc.offset, loc.length, reason)
-
-    def save_snapshot(self) -> bool:
-        """Persist the index now (see Snapshots.save); False when read-only or the write failed."""
-        return self.snapshots.save()
-
-    # ------------------------------------------------------------------ close
-    def records(self) -> Iterator[tuple[int, Loc]]:
-        return self.index.items()
-
-    def flush(self) -> None:
-        self.seal()
-
-    def close(self) -> None:
-        self._closed.set()
-        self.seal()
-        self.indexer.join(timeout=5)
-        if self.writers.has_unsealed:
-            self.writers.retry_seals()
-        self.save_snapshot()
-        self.writers.close()  # a write still in flight: never leave its fd open
-        self.table.close_fds()
-        if self._changes is not None:
-            self._changes.close()
-
-
-__all__ = ["SegmentDir", "Unit", "UnitTable", "EvictionPolicy", "SharingPolicy", "ORPHAN_IDLE_S"]
+__all__ = [
+    "DEFAULT_COMPACT_BELOW", "ORPHAN_IDLE_S", "SEGMENT_SUFFIX", "SNAPSHOT_NAME", "DirSettings", "NfsSegmentDir",
+    "SegmentDir", "compact", "parse_name", "unit_ms",
+]

@@ -3,7 +3,7 @@
 Why: KV pages hold users' prompts, so deleting a tenant's data must stop every process serving it
 and then remove its bytes. `lifeboat purge` appends rules to `purge.list` (purge.py); every process
 reloads the list on its index refresh (`refresh_interval_s`), drops matching records from its index
-(`sweep`) and refuses them on the read path (`PurgeFilter.blocks`). `compact` (run by `lifeboat gc`)
+(`sweep`) and refuses them on the read path (`PurgeFilter.blocks`, purge_filter.py). `compact` (run by `lifeboat gc`)
 rewrites the live records of sealed segments that hold purged or mostly dead records into a new
 segment, then unlinks the old one.
 
@@ -23,83 +23,22 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from ... import codec
+from ...fsio import ForeignFile, open_file, pwritev_all
 from ...index import Index, Loc
-from ..purgelist import PURGE_NAME, PurgeRules, load_rules
-from .format import Entry, ForeignFile, open_file, parse_name, pwritev_all, read_table, write_trailer
+from ...records import HEADER_SIZE, NS_AT, Entry, RecordError, verify_record
+from .format import parse_name, read_table, unit_ms, write_trailer
+from .purge_filter import PurgeFilter
 from .units import Unit, UnitTable
 from .writers import Writers
 
 log = logging.getLogger(__name__)
 
-NS_AT = 32  # the namespace fingerprint's offset in a record header (format versions 1 and 2)
 TMP_PREFIX, TMP_SUFFIX = ".compact-", ".tmp"
 DEFAULT_COMPACT_BELOW = 0.5  # rewrite a sealed segment whose live bytes are under this share
-
-
-def unit_ms(name: str) -> int:
-    """Creation time (ms) of a segment from its name; every record in it is at least that old."""
-    head = name.split("-", 1)[0]
-    return int(head) if head.isdigit() else 0
-
-
-class PurgeFilter:
-    """One directory's purge rules plus its `max_age`, reloaded when `purge.list` changes."""
-
-    def __init__(self, path: os.PathLike[str] | str, max_age_s: float | None = None) -> None:
-        self.path = os.fspath(path)
-        self.max_age_s = max_age_s
-        self.rules = PurgeRules()
-        self._stamp: tuple[int, int, int] | None = None
-        self.swept: dict[int, tuple[int, bool]] = {}  # unit id -> (size, sealed) at its last sweep
-        self.purged_pages = 0
-        self.evicted_aged = 0
-        self.bad_lines = 0
-        self.reload()  # before any read: a process opening with a background rebuild never serves purged pages
-
-    def reload(self) -> bool:
-        """Re-read purge.list if it changed (stat only otherwise). Returns True when rules changed."""
-        try:
-            st = os.stat(os.path.join(self.path, PURGE_NAME), follow_symlinks=False)
-            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except OSError:
-            stamp = None
-        if stamp == self._stamp:
-            return False
-        self._stamp = stamp
-        try:
-            rules, bad = load_rules(self.path)
-        except (OSError, ForeignFile) as e:
-            log.warning("lifeboat: cannot read %s in %s: %s (keeping the previous rules)", PURGE_NAME, self.path, e)
-            return False
-        self.bad_lines = bad
-        if rules == self.rules:
-            return False
-        self.rules = rules
-        self.swept.clear()
-        return True
-
-    @property
-    def active(self) -> bool:
-        return bool(self.rules.namespaces) or self.rules.age_before_ms > 0 or self.max_age_s is not None
-
-    def age_cutoff_ms(self, now: float | None = None) -> int:
-        """Segments created before this (ms) hold only purged or expired records."""
-        cut = self.rules.age_before_ms
-        if self.max_age_s is not None:
-            cut = max(cut, int(((time.time() if now is None else now) - self.max_age_s) * 1000))
-        return cut
-
-    def blocks(self, seg_ms: int, ns: bytes) -> bool:
-        """Whether a record of namespace ns in a segment created at seg_ms must not be served."""
-        if seg_ms < self.age_cutoff_ms():
-            return True
-        before = self.rules.namespaces.get(bytes(ns))
-        return before is not None and seg_ms < before
 
 
 class Directory(Protocol):
@@ -188,7 +127,7 @@ def _sweep(d: Directory, units: list[Unit]) -> None:
 
 def purged_at(f: PurgeFilter, fd: int, ms: int, offset: int) -> bool:
     """Whether the record at offset, in a segment created at ms, is purged (reads its header's namespace)."""
-    ns = os.pread(fd, codec.HEADER_SIZE, offset)[NS_AT:NS_AT + 16]
+    ns = os.pread(fd, HEADER_SIZE, offset)[NS_AT:NS_AT + 16]
     return len(ns) == 16 and f.blocks(ms, ns)
 
 
@@ -324,8 +263,8 @@ def _rewrite(d: Directory, u: Unit, fd: int, table: np.ndarray, live: np.ndarray
             off, n = int(table["offset"][i]), int(table["length"][i])
             rec = os.pread(fd, n, off)
             try:  # never carry a damaged record into the new segment
-                h = codec.verify_record(memoryview(rec)[:codec.HEADER_SIZE], memoryview(rec)[codec.HEADER_SIZE:])
-            except codec.RecordError:
+                h = verify_record(memoryview(rec)[:HEADER_SIZE], memoryview(rec)[HEADER_SIZE:])
+            except RecordError:
                 out["dropped_bad"] += 1
                 continue
             pwritev_all(wfd, [rec], at)
@@ -358,6 +297,3 @@ def _rewrite(d: Directory, u: Unit, fd: int, table: np.ndarray, live: np.ndarray
     out["kept_records"] += len(moved)
 
 
-def describe_rules(rules: PurgeRules) -> dict[str, Any]:
-    return {"namespaces": {ns.hex(): ms for ns, ms in rules.namespaces.items()},
-            "age_before_ms": rules.age_before_ms}

@@ -3,7 +3,7 @@
 `EvictionPolicy` decides which units capacity gc may unlink; `SharingPolicy` holds what differs when
 other hosts write into the same directory (which open segments a catch-up rescans, how a foreign
 unsealed segment is scanned, how a trailer is committed, what a failed read means). The local
-directory uses both as they are; `nfs.py` passes one object implementing both through
+directory uses both as they are; a shared (nfs) directory passes one object implementing both (shared_dir.py) through
 SegmentDir's constructor instead of overriding its methods.
 """
 
@@ -13,7 +13,8 @@ import os
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ...metrics import Counters
-from .format import Entry, write_trailer
+from ...records import Entry
+from .format import write_trailer
 from .units import Unit, UnitTable
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ class EvictionPolicy:
 
 class SharingPolicy:
     """Hooks of a directory other processes write into; the defaults are those of a local directory."""
+
+    def attach(self, directory: object) -> None:
+        """Called once by the directory (SegmentDir) when its parts are built; nothing to keep here."""
 
     def catches_up(self, unit: Unit) -> bool:
         """Whether a catch-up rescans this open segment of another process (nfs: same host only)."""

@@ -15,9 +15,9 @@ from typing import Callable
 
 from ...index import Index, trim_heap
 from ...metrics import Counters
-from ..changes import ChangeCounter
-from ..quarantine import Quarantine
+from .changes import ChangeCounter
 from .eviction import SharingPolicy
+from .quarantine import Quarantine
 from .rebuild import Scanner
 from .snapshots import Snapshots
 

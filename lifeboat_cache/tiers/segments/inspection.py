@@ -15,10 +15,10 @@ from typing import Protocol
 
 import numpy as np
 
-from ...keys import index_key
+from ...records import index_key
 from . import compaction
 from .format import read_table
-from .rebuild import walk
+from .walk import walk
 
 
 @dataclass

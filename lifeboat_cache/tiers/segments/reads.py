@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from ...fsio import ForeignFile, preadv_all
 from ...index import Loc
 from ...metrics import Counters
-from .compaction import NS_AT, PurgeFilter, unit_ms
+from ...records import NS_AT
 from .eviction import SharingPolicy
-from .format import ForeignFile, preadv_all
+from .format import unit_ms
+from .purge_filter import PurgeFilter
 from .units import UnitTable
 
 

@@ -1,13 +1,8 @@
-"""Rebuilding a directory's index from its files: listing, scans, catch-up, batched inserts, and the walk.
+"""Rebuilding a directory's index from its files: listing, scans, catch-up, batched inserts.
 
 A refresh reconciles the unit table with the directory listing and indexes what is new: a sealed
 segment from its trailer, an unsealed one (another writer's open segment, or one a crash left) by a
-walk record by record. Several writer threads share a segment (each reserves its offset, then
-writes), so a crash can leave a hole (zeros) where a reserved record was never written, followed by
-intact records that were written and acknowledged; bits can also flip. Records are self-describing
-(magic, header checksum, lengths, payload checksum), so a walk that meets a bad or missing record
-searches the following bytes for the next valid header and carries on: one bad record costs one
-record, never everything after it. Only `codec.verify_record` decides whether a record is intact.
+walk record by record (walk.py), which skips holes and bad records and resyncs on the next record.
 
 Invariants: write, then index; a scan never overwrites a newer index entry (insert-if-absent); no
 file with intact records after a damaged one is ever truncated.
@@ -19,22 +14,22 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
-from ...codec import HEADER_SIZE, MAGIC, RecordError, unpack_header, verify_record
+from ...fsio import ForeignFile, open_file
 from ...index import Index
-from ...keys import index_key
 from ...metrics import Counters
-from ..quarantine import Quarantine
-from .format import SEGMENT_SUFFIX, TABLE_MAGIC, Entry, ForeignFile, open_file, parse_name, read_table
+from ...records import index_key
+from .eviction import SharingPolicy
+from .format import SEGMENT_SUFFIX, parse_name, read_table
+from .quarantine import Quarantine
 from .units import Unit, UnitTable
+from .walk import Walk, walk
 
 log = logging.getLogger(__name__)
 
-SEARCH_CHUNK_BYTES = 1 << 20
 BATCH_MIN = 1 << 16  # entries per bulk index insert during the initial rebuild (at least)
 # ... and at most this many, or an eighth of what is indexed when that is more: a batch's columns
 # (24 B an entry) are the rebuild's memory above the index. Measured on a 10M-page crash reopen (no
@@ -43,100 +38,33 @@ BATCH_MAX = 1 << 21
 DAMAGE_HEAL_S = 30.0  # a hole younger than this may be a write in flight: rewalk from it
 
 
-@dataclass
-class Walk:
-    """What a walk found between `start` and the end of the file."""
+class ScanOwner(Protocol):
+    """What a scan asks of the directory it indexes (SegmentDir)."""
 
-    entries: list[Entry] = field(default_factory=list)  # intact records, in file order
-    resume_at: int = 0  # end of the leading run of intact records: the next walk starts here
-    end: int = 0  # end of the last intact record: nothing intact lies beyond it
-    damaged: list[tuple[int, int]] = field(default_factory=list)  # (offset, bytes) skipped
-    tail_bytes: int = 0  # bytes after `end` (torn tail, a record being written, a trailer being written)
+    def own_names(self) -> set[str]: ...
 
+    def after_refresh(self) -> None: ...
 
-def next_header(fd: int, pos: int, size: int) -> int | None:
-    """Offset of the first valid record header at or after pos, or None."""
-    while pos + HEADER_SIZE <= size:
-        buf = os.pread(fd, min(SEARCH_CHUNK_BYTES, size - pos), pos)
-        if not buf:
-            return None
-        i = buf.find(MAGIC)
-        while i != -1:
-            q = pos + i
-            if q + HEADER_SIZE > size:
-                return None
-            hdr = buf[i:i + HEADER_SIZE] if i + HEADER_SIZE <= len(buf) else os.pread(fd, HEADER_SIZE, q)
-            try:
-                unpack_header(hdr)
-                return q
-            except RecordError:
-                i = buf.find(MAGIC, i + 1)
-        if len(buf) <= len(MAGIC):
-            return None
-        pos += len(buf) - (len(MAGIC) - 1)  # a magic may straddle two chunks
-    return None
+    def foreign(self, name: str, why: str) -> None: ...
 
-
-def walk(fd: int, start: int, size: int, *, check_payload: bool = True) -> Walk:
-    """Index the intact records of bytes [start, size) of a segment open as fd.
-
-    A bad header, a payload that fails its checksum or a hole is skipped (recorded in `damaged`)
-    and the walk resumes at the next valid header. A record that runs past the end of the file is
-    the tail (still being written, or torn by a crash); nothing can be intact after it.
-    """
-    out = Walk(resume_at=start, end=start)
-    pos, leading = start, True
-    while pos + HEADER_SIZE <= size:
-        hdr = os.pread(fd, HEADER_SIZE, pos)
-        if hdr[:4] == TABLE_MAGIC and len(hdr) == HEADER_SIZE:
-            break  # a trailer is being written; the next refresh reads it whole
-        bad = False
-        try:
-            h = unpack_header(hdr)
-            if pos + h.record_len > size:
-                break
-            if check_payload:
-                payload = os.pread(fd, h.stored_len, pos + HEADER_SIZE)
-                verify_record(hdr, memoryview(payload))
-        except RecordError:
-            bad = True
-        if not bad:
-            out.entries.append((h.digest, pos, h.record_len, h.raw_len))
-            pos += h.record_len
-            out.end = pos
-            if leading:
-                out.resume_at = pos
-            continue
-        leading = False
-        nxt = next_header(fd, pos + 1, size)
-        if nxt is None:
-            out.damaged.append((pos, size - pos))
-            pos = size
-            break
-        out.damaged.append((pos, nxt - pos))
-        pos = nxt
-    out.tail_bytes = size - out.end
-    return out
+    def log_once(self, key: str, msg: str, *args: object) -> bool: ...
 
 
 class Scanner:
     """Indexes a directory's segments: listing, refresh, scan of one unit, orphan seal, batched inserts.
 
-    `scan_hook(unit, scan)` scans a unit that is neither ours nor sealed (SharingPolicy.scan; nfs
-    probes another host's open segment instead); `write_trailer` seals an orphan; `after_refresh`
-    runs after every refresh (purge rules, capacity gc); `foreign(name, why)` reports a planted file.
+    `sharing` scans a unit that is neither ours nor sealed (SharingPolicy.scan; nfs probes another
+    host's open segment instead) and seals an orphan (its trailer rule). `owner` is the directory:
+    the names of its own open segments, what runs after every refresh (purge rules, capacity gc), and
+    its reports of planted files and of trouble (once per key).
     """
 
     def __init__(self, table: UnitTable, index: Index, counters: Counters, quarantine: Quarantine, *,
-                 read_only: bool, orphan_idle_s: float, own_names: Callable[[], set[str]],
-                 scan_hook: Callable[[Unit, Callable[[Unit], None]], None],
-                 write_trailer: Callable[[int, int, list[Entry]], int], after_refresh: Callable[[], None],
-                 foreign: Callable[[str, str], None], log_once: Callable[..., bool]) -> None:
+                 read_only: bool, orphan_idle_s: float, sharing: SharingPolicy, owner: ScanOwner) -> None:
         self.table, self.index, self.counters, self.quarantine = table, index, counters, quarantine
         self.path = table.path
         self.read_only, self.orphan_idle_s = read_only, orphan_idle_s
-        self._own_names, self._scan_hook, self._write_trailer = own_names, scan_hook, write_trailer
-        self._after_refresh, self._foreign, self._log_once = after_refresh, foreign, log_once
+        self.sharing, self.owner = sharing, owner
         self._listed_sig: dict[str, tuple[int, int]] = {}  # segment name -> (size, st_mtime_ns) listed
         table.on_drop(lambda u: self._listed_sig.pop(u.name, None))
         # the initial rebuild batches index inserts (one merge per batch, not per segment): batches of
@@ -174,7 +102,7 @@ class Scanner:
                 except FileNotFoundError:
                     continue
                 if not regular or parse_name(e.name) is None:
-                    self._foreign(e.name, "a symlink, a non-regular file or a file not named like a segment")
+                    self.owner.foreign(e.name, "a symlink, a non-regular file or a file not named like a segment")
                     continue
                 out[e.name] = size
         return out
@@ -185,10 +113,10 @@ class Scanner:
         try:
             listing = self.list()
         except OSError as e:
-            self._log_once(f"list:{e.errno}", "lifeboat: cannot list %s: %s", self.path, e)
+            self.owner.log_once(f"list:{e.errno}", "lifeboat: cannot list %s: %s", self.path, e)
             return
         with self.table.lock:
-            own_names = self._own_names()
+            own_names = self.owner.own_names()
             gone = [u for u in self.table.live()
                     if u.name not in listing and u.name not in own_names and u.id < known]
         self.table.drop_many(gone)
@@ -203,7 +131,7 @@ class Scanner:
                 self.adopt_if_orphan(unit)
             self.scan(unit)
         self.flush_batch()  # before eviction may drop a unit whose entries are still batched
-        self._after_refresh()
+        self.owner.after_refresh()
 
     def rescan_open(self, catches_up: Callable[[Unit], bool]) -> None:
         """Read the new bytes of the other processes' open segments already known (a catch-up)."""
@@ -301,10 +229,10 @@ class Scanner:
         except FileNotFoundError:
             self.table.drop(unit)
         except ForeignFile as e:
-            self._foreign(unit.name, str(e))
+            self.owner.foreign(unit.name, str(e))
             self.table.drop(unit)
         except OSError as e:
-            self._log_once(f"open:{unit.name}", "lifeboat: cannot open %s: %s", unit.path, e)
+            self.owner.log_once(f"open:{unit.name}", "lifeboat: cannot open %s: %s", unit.path, e)
         return None
 
     def scan(self, unit: Unit) -> None:
@@ -312,7 +240,7 @@ class Scanner:
         if unit.own or unit.sealed:
             self.scan_local(unit)
         else:
-            self._scan_hook(unit, self.scan_local)
+            self.sharing.scan(unit, self.scan_local)
 
     def scan_local(self, unit: Unit) -> None:
         """Index a unit as on a local directory: its trailer, or a walk of its new bytes."""
@@ -340,7 +268,7 @@ class Scanner:
             # young damage: rewalk on the next scan even if the size stays (the hole may be filled in place)
             unit.scanned, unit.walked = (w.resume_at if young else w.end), (-1 if young else size)
         except OSError as e:
-            self._log_once(f"scan:{unit.name}", "lifeboat: scan of %s failed: %s", unit.path, e)
+            self.owner.log_once(f"scan:{unit.name}", "lifeboat: scan of %s failed: %s", unit.path, e)
         finally:
             self.table.release(unit)
 
@@ -374,10 +302,10 @@ class Scanner:
         try:
             fd = open_file(unit.path, os.O_RDWR)
         except ForeignFile as e:
-            self._foreign(unit.name, str(e))
+            self.owner.foreign(unit.name, str(e))
             return
         except OSError as e:
-            self._log_once(f"adopt:{unit.name}", "lifeboat: could not seal orphan segment %s: %s", unit.name, e)
+            self.owner.log_once(f"adopt:{unit.name}", "lifeboat: could not seal orphan segment %s: %s", unit.name, e)
             return
         try:
             size = os.fstat(fd).st_size
@@ -387,13 +315,13 @@ class Scanner:
             self._index_walk(unit, w)
             if size > w.end:
                 os.ftruncate(fd, w.end)
-            end = self._write_trailer(fd, w.end, w.entries)
+            end = self.sharing.write_trailer(fd, w.end, w.entries)
             unit.size = unit.scanned = unit.walked = end
             unit.sealed = True
             log.info("lifeboat: sealed orphan segment %s of dead writer pid %d (%d records, %d damaged "
                      "regions skipped)", unit.name, parse_name(unit.name)[1], len(w.entries),  # type: ignore[index]
                      len(w.damaged))
         except OSError as e:
-            self._log_once(f"adopt:{unit.name}", "lifeboat: could not seal orphan segment %s: %s", unit.name, e)
+            self.owner.log_once(f"adopt:{unit.name}", "lifeboat: could not seal orphan segment %s: %s", unit.name, e)
         finally:
             os.close(fd)

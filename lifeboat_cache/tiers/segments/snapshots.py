@@ -1,6 +1,6 @@
 """The index snapshot of a segment directory: loaded at open, saved at close and periodically.
 
-A crash reopen loads the snapshot (tiers/snapshot.py is its file format) and scans only what is
+A crash reopen loads the snapshot (tiers/segments/snapshot_file.py is its file format) and scans only what is
 newer. Periodic snapshots are written by the index thread when sealed segments not in the last
 snapshot hold SNAPSHOT_CHANGED_SHARE of the bytes it covered (and at least SNAPSHOT_MIN_SEGMENTS of
 them), at most once per SNAPSHOT_INTERVAL_S per directory: a process skips its turn while the file
@@ -23,11 +23,11 @@ import numpy as np
 
 from ...index import DEAD, SHARDS, Index
 from ...metrics import Counters
-from .. import snapshot as snap
-from ..quarantine import Quarantine
-from ..snapshot import SNAPSHOT_NAME, entry_hash
+from . import snapshot_file as snap
 from .format import read_table
+from .quarantine import Quarantine
 from .rebuild import Scanner
+from .snapshot_file import SNAPSHOT_NAME, entry_hash
 from .units import Unit, UnitTable
 
 log = logging.getLogger(__name__)

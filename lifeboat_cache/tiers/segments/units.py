@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from ...fsio import open_file
 from ...index import Index
-from .format import SEGMENT_SUFFIX, open_file, process_token, writer_tag
+from ...records import process_token, writer_tag
+from .format import SEGMENT_SUFFIX
 
 
 @dataclass

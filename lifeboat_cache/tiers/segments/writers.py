@@ -23,11 +23,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ...codec import raw_length
+from ...fsio import PartialWrite, open_file, pwritev_all, reserve_space
 from ...index import Index, Loc
 from ...metrics import Counters
-from ..base import Record
-from .format import Entry, PartialWrite, open_file, pwritev_all, reserve_space, trailer_size
+from ...records import Entry, Record, raw_length, trailer_size
 from .units import Unit, UnitTable
 
 log = logging.getLogger(__name__)
