@@ -153,6 +153,11 @@ def reserve_space(fd: int, offset: int, length: int) -> None:
 
 
 IOV_MAX = 1024  # Linux's limit on iovecs per pwritev / preadv call (a layer_first run has thousands)
+# The largest single write call. Measured (docs/perf/write-calls.md, `lifeboat bench --only ceilings`):
+# on Linux 6.18 / ext4 in VMs whose free memory is reported to the host, one write of 2 MiB or more into
+# the page cache costs 6-20x the kernel time of the same bytes in calls of 1.5 MiB or less; reads are
+# not affected. A tier's `write_call_size` overrides it.
+WRITE_CALL_BYTES = 1 << 20
 
 
 class PartialWrite(OSError):
@@ -163,43 +168,50 @@ class PartialWrite(OSError):
         self.written = written
 
 
-def _advance(views: list[memoryview], n: int) -> list[memoryview]:
-    """The views left after the first n bytes of them were transferred (no copy)."""
-    k = 0
-    while k < len(views) and n >= views[k].nbytes:
-        n -= views[k].nbytes
-        k += 1
-    rest = views[k:]
-    if rest and n:
-        rest[0] = rest[0][n:]
-    return rest
-
-
-def _transfer(call: Callable[[int, list, int], int], fd: int, bufs: Sequence[object], offset: int) -> int:
-    """`call` (os.pwritev / os.preadv) over all of bufs, IOV_MAX iovecs a call; after a short transfer
-    it goes on from where it stopped (byte views are made only then). Returns the bytes transferred,
-    less than bufs hold only when a call transferred nothing (end of file)."""
+def _transfer(call: Callable[[int, list, int], int], fd: int, bufs: Sequence[object], offset: int,
+              max_bytes: int = 0) -> int:
+    """`call` (os.pwritev / os.preadv) over all of bufs: at most IOV_MAX iovecs and `max_bytes` bytes a
+    call (0: no byte bound; a buffer larger than the bound goes in slices), and after a short transfer
+    it goes on from where it stopped. Byte views are made only for slices. Returns the bytes
+    transferred, less than bufs hold only when a call transferred nothing (end of file)."""
     items = list(bufs)
     nd = np.ndarray  # a page's blocks are arrays: their size without a memoryview each (~4x cheaper)
     sizes = [b.nbytes if type(b) is nd else memoryview(b).nbytes for b in items]  # type: ignore[union-attr, arg-type]
-    done = k = 0
+    cap = max_bytes if max_bytes > 0 else max(sum(sizes), 1)
+    done = k = skip = 0  # the next byte to move: `skip` bytes into items[k]
     while k < len(items):
-        want = sum(sizes[k:k + IOV_MAX])
-        n = call(fd, items[k:k + IOV_MAX], offset + done) if want else 0
-        done += n
-        if n == want:
-            k += IOV_MAX
+        iov: list[object] = []
+        want, j = 0, k
+        while j < len(items) and len(iov) < IOV_MAX and want < cap:
+            start = skip if j == k else 0
+            take = min(sizes[j] - start, cap - want)
+            whole = start == 0 and take == sizes[j]
+            part = items[j] if whole else memoryview(items[j]).cast("B")[start:start + take]  # type: ignore[arg-type]
+            iov.append(part)
+            want += take
+            if start + take < sizes[j]:
+                break
+            j += 1
+        if not want:  # only empty buffers left in this stretch
+            k, skip = j, 0
             continue
+        n = call(fd, iov, offset + done)
         if n <= 0:
             return done
-        items = _advance([memoryview(b).cast("B") for b in items[k:]], n)  # type: ignore[arg-type]
-        sizes = [v.nbytes for v in items]
-        k = 0
+        done += n
+        while n > 0:  # move the cursor past the n bytes this call moved
+            rest = sizes[k] - skip
+            if n < rest:
+                skip += n
+                break
+            n -= rest
+            k, skip = k + 1, 0
     return done
 
 
-def pwritev_all(fd: int, bufs: Sequence[object], offset: int) -> None:
-    """pwritev every byte of bufs at offset: at most IOV_MAX iovecs a call, short writes finished.
+def pwritev_all(fd: int, bufs: Sequence[object], offset: int, max_call_bytes: int = WRITE_CALL_BYTES) -> None:
+    """pwritev every byte of bufs at offset: at most IOV_MAX iovecs and `max_call_bytes` bytes a call
+    (WRITE_CALL_BYTES: why), short writes finished.
 
     Raises OSError; PartialWrite (with .written) when some bytes were written before the failure.
     """
@@ -214,7 +226,7 @@ def pwritev_all(fd: int, bufs: Sequence[object], offset: int) -> None:
             raise
         return n
 
-    _transfer(call, fd, bufs, offset)
+    _transfer(call, fd, bufs, offset, max_call_bytes)
 
 
 def preadv_all(fd: int, bufs: Sequence[memoryview], offset: int) -> int:

@@ -4,6 +4,9 @@
 * plain files: write into the page cache only (two threads: what a write costs when nothing waits
   for the disk, as in sglang_vs_file), write + fsync, then a cold read of the same bytes (page cache
   dropped and checked), in the same directory the contenders write to;
+* write calls: the same bytes written into one file in single calls of 256 KiB to 8 MiB, each run
+  after a pause (`write_pause_ms`): GB/s and the kernel's CPU seconds per GB, by call size. The store
+  bounds its write calls by what this shows (fsio.WRITE_CALL_BYTES; a tier's `write_call_size`);
 * the record codec, one core: encode (build_record: planes + zstd or raw, plus the checksum) and decode
   (check + decode_into), raw and compressed, on random bf16 pages and real KV. Besides wall-clock GB/s it reports
   GB per CPU-second of the timing thread (`*_cpu_gb_s`): on a shared, loaded machine the wall clock
@@ -15,6 +18,8 @@
 from __future__ import annotations
 
 import os
+import resource
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -100,6 +105,39 @@ def plain_file(buf: np.ndarray, work: Path, reps: int, file_bytes: int = 8 << 20
             "write_fsync_gb_s": w.summary(), "cold_read_gb_s": r.summary(), "resident_pages_before_read": resident}
 
 
+CALL_SIZES_KIB = (256, 512, 1024, 1536, 2048, 4096, 8192)
+
+
+def write_calls(buf: np.ndarray, work: Path, pause_s: float, reps: int) -> dict[str, Any]:
+    """Write buf into one new file with `os.pwrite` calls of each size, each run after a pause; GB/s and
+    kernel CPU seconds per GB (this thread's system time) by call size."""
+    from ..fsio import WRITE_CALL_BYTES
+
+    d = work / "write-calls"
+    d.mkdir(parents=True, exist_ok=True)
+    mv, gb = memoryview(buf), buf.nbytes / 1e9
+    by_size: dict[str, Any] = {}
+    for kib in CALL_SIZES_KIB:
+        step, speed, kernel = kib << 10, Series(), Series()
+        for _ in range(reps):
+            path = d / "calls.bin"
+            path.unlink(missing_ok=True)
+            os.sync()
+            time.sleep(pause_s)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                t, k = time.perf_counter(), resource.getrusage(resource.RUSAGE_THREAD).ru_stime
+                for off in range(0, buf.nbytes, step):
+                    os.pwrite(fd, mv[off: off + step], off)
+                speed.add(gb / (time.perf_counter() - t))
+                kernel.add((resource.getrusage(resource.RUSAGE_THREAD).ru_stime - k) / gb)
+            finally:
+                os.close(fd)
+        by_size[str(kib)] = {"gb_s": speed.summary(), "kernel_cpu_s_per_gb": kernel.summary()}
+    shutil.rmtree(d)
+    return {"pause_s": pause_s, "store_bound_kib": WRITE_CALL_BYTES >> 10, "by_call_kib": by_size}
+
+
 def codec_speed(pages: list[np.ndarray], compress: bool, reps: int) -> dict[str, Any]:
     """One core through the record codec: encode GB/s, decode GB/s, raw/stored ratio."""
     from ..records import DTYPE_CODES, PLANES, build_record, decode_into, unpack_header, verify_record
@@ -163,7 +201,8 @@ def zstd_floor(payloads: list[memoryview], page_bytes: int, reps: int) -> dict[s
 def run(work: Path, sizes: Sizes, sample: np.ndarray | None = None) -> dict[str, Any]:
     buf = random_bf16(sizes.ceiling_mib << 20)
     out: dict[str, Any] = {"bytes": buf.nbytes, "memcpy": memcpy(buf, max(3, sizes.reps)),
-                           "plain_file": plain_file(buf, work, sizes.reps)}
+                           "plain_file": plain_file(buf, work, sizes.reps),
+                           "write_calls": write_calls(buf, work, sizes.write_pause_ms / 1000, sizes.reps)}
     pages = [buf[o: o + PAGE_BYTES] for o in range(0, min(buf.nbytes, 64 << 20) - PAGE_BYTES + 1, PAGE_BYTES)]
     try:
         out["codec_random_bf16"] = {"raw": codec_speed(pages, False, sizes.reps),

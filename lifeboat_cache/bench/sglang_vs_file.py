@@ -6,7 +6,9 @@ LifeboatHiCacheStorage with its default settings, `file` -> HiCacheFile) and dri
 controller's own per-batch page functions, as its backup / prefetch threads call them (LifeboatCache:
 batch_set_v1 / batch_get_v1 zero copy; `file`: batch_set / batch_get plus SGLang's page copies).
 Per rep and contender (the order rotates every rep), in a fresh sibling directory on one disk:
-  write   all batches, then the backend's close (LifeboatCache seals its segments there);
+  write   after a pause (`write_pause_ms`, as between a server's bursts of backups): all batches, then
+          the backend's close (LifeboatCache seals its segments there);
+  burst   the same write again at once, into another directory (a burst's second write);
   cold    reattach on the same directory, page cache dropped and checked (mincore: 0 pages resident),
           read everything back (and compare the bytes);
   warm    read everything again (page cache: the software path).
@@ -24,6 +26,7 @@ import math
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,7 +39,7 @@ SHAPES = {"small": (24, 2, 64), "8b": (32, 8, 128)}  # layers, KV heads, head di
 SHAPE_LABELS = {"small": "small (24 layers, 2 KV heads, 64 dim)", "8b": "8B-like (32 layers, 8 KV heads, 128 dim)"}
 PAGE_TOKENS = 64
 SIDES = ("lifeboat", "file")
-PHASES = ("write", "cold_read", "warm_read")
+PHASES = ("write", "write_burst", "cold_read", "warm_read")
 BACKEND = {"backend_name": "lifeboat", "module_path": "lifeboat_cache.integrations.sglang_backend",
            "class_name": "LifeboatHiCacheStorage", "interface_v1": 1}
 
@@ -209,8 +212,15 @@ def compare_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes, r
             path.mkdir(parents=True)
             ctl = attach_side(side, dev, host, path)
             _settle()
+            time.sleep(sizes.write_pause_ms / 1000)  # between bursts: the kernel's state after idling
             w, _ = timed(lambda: (ctl.write(keys, src), ctl.close_backend()))
             ctl.detach()
+            burst_path = path.parent / f"{side}-burst"
+            burst_path.mkdir()
+            ctl = attach_side(side, dev, host, burst_path)
+            wb, _ = timed(lambda: (ctl.write(keys, src), ctl.close_backend()))  # right after the first
+            ctl.detach()
+            shutil.rmtree(burst_path)
             left = drop_page_cache(path)
             resident.append(left)
             if left:
@@ -222,7 +232,7 @@ def compare_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes, r
                 raise RuntimeError(f"{side}: the bytes read back differ from the bytes written")
             r, _ = timed(lambda: ctl.read(keys, dst))
             ctl.detach()
-            for phase, ph in zip(PHASES, (w, c, r)):
+            for phase, ph in zip(PHASES, (w, wb, c, r)):
                 this[(side, phase)] = total / ph.wall_s / 1e9
                 gbs[(side, phase)].add(this[(side, phase)])
                 cpu[(side, phase)].add(ph.cpu_s / (total / 1e9))
@@ -250,5 +260,5 @@ def run(work: Path, sizes: Sizes, realkv: np.ndarray | None) -> dict[str, Any]:
             for kind in names(sizes.kinds):
                 log.info("sglang vs file: %s %s %s", shape, layout, kind)
                 cases.append(run_case(work / "sglang", shape, layout, kind, sizes, realkv))
-    return {"torch_threads": threads, "page_tokens": PAGE_TOKENS,
+    return {"torch_threads": threads, "page_tokens": PAGE_TOKENS, "write_pause_ms": sizes.write_pause_ms,
             "lifeboat_compression": sizes.compression, "real_kv": realkv is not None, "cases": cases}

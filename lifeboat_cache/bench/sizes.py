@@ -17,6 +17,7 @@ class Sizes:
     reps: int = 3                    # interleaved reps per contender pair (medians + spread)
     case_mib: int = 192              # page bytes written per contender per rep and case
     batch_pages: int = 32            # pages per controller batch call
+    write_pause_ms: int = 3000       # idle time before a timed write (a server's backups come in bursts)
     torch_threads: int = 1           # torch intra-op threads, pinned for both contenders
     compression: str = "default"     # LifeboatCache `compression:` for the SGLang section (default: its own)
     realkv_tokens: int = 1024        # SmolLM2 tokens of real text behind the real-KV pages
@@ -39,9 +40,9 @@ class Sizes:
     server_check_tokens: int = 8
 
 
-QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, realkv_tokens=64, index_pages="1000,10000",
-              s3_pages=8, s3_page_kib=64, s3_io_workers=4, s3_latency_ms="0", mlx_tokens="128", mlx_new_tokens=2,
-              mlx_processes=1, server_tokens="512", server_store_pages=2000)
+QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1, realkv_tokens=64,
+              index_pages="1000,10000", s3_pages=8, s3_page_kib=64, s3_io_workers=4, s3_latency_ms="0",
+              mlx_tokens="128", mlx_new_tokens=2, mlx_processes=1, server_tokens="512", server_store_pages=2000)
 # quick server prompt: 512, not 256 tokens: SGLang prefetches from storage only when at least its
 # prefetch threshold (256 tokens) is there, and a 256-token prompt leaves 192 restorable
 

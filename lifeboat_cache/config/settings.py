@@ -1,10 +1,10 @@
 """The frozen settings a store is built from (`Settings` and its parts), their defaults, the default store.
 
-`config.py` builds them from lifeboat.yaml, overrides and the environment; everything else reads them.
+`load.py` builds them from lifeboat.yaml, overrides and the environment; everything else reads them.
 Here only the types and what a missing key means, so a reader of a tier or the store sees every
 setting and its default in one place without the parsing.
 
-Core layer: imports nothing of the package.
+Core layer: imports only the ground floor (fsio: the write call bound).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..fsio import WRITE_CALL_BYTES
 
 DEFAULT_IO_WORKERS = 8
 DEFAULT_SEGMENT_BYTES = 256 << 20
@@ -31,6 +33,7 @@ class TierSettings:
     paths: tuple[Path, ...] = ()
     capacity_bytes: int | None = None  # None: auto (half the free space, at most 64 GiB)
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    write_call_bytes: int = WRITE_CALL_BYTES  # local / nfs: the largest single write call (fsio.py: why)
     affinity_chunks: int = 1
     refresh_interval_s: float = 1.0
     seal_after_s: float | None = None  # shared FS: seal (make visible to other hosts) after this long

@@ -2,7 +2,7 @@
 
 The keys each tier type allows, the checks of S3's operator options (endpoint URL, TLS, credentials
 named by environment variable, SSE, retries) and the defaults that differ per type (an nfs tier seals
-after 2 s; an S3 tier refreshes its listing less often). The document around it is `config.py`.
+after 2 s; an S3 tier refreshes its listing less often). The document around it is `load.py`.
 
 Core layer: imports `values` and `settings` only.
 """
@@ -27,10 +27,10 @@ TIER_TYPES = ("local", "nfs", "s3")
 
 _TIER_COMMON = {"type", "capacity", "failure_cooldown_s", "failure_cooldown_max_s", "compression"}
 _TIER_KEYS = {
-    "local": _TIER_COMMON | {"path", "paths", "segment_size", "affinity_chunks", "refresh_interval_s",
-                             "file_mode", "dir_mode", "max_age"},
-    "nfs": _TIER_COMMON | {"path", "segment_size", "refresh_interval_s", "seal_after_s", "file_mode", "dir_mode",
-                           "max_age"},
+    "local": _TIER_COMMON | {"path", "paths", "segment_size", "write_call_size", "affinity_chunks",
+                             "refresh_interval_s", "file_mode", "dir_mode", "max_age"},
+    "nfs": _TIER_COMMON | {"path", "segment_size", "write_call_size", "refresh_interval_s", "seal_after_s",
+                           "file_mode", "dir_mode", "max_age"},
     "s3": _TIER_COMMON | {"bucket", "prefix", "endpoint_url", "region", "connect_timeout_s",
                           "read_timeout_s", "max_attempts", "refresh_interval_s", "retry_mode",
                           "addressing_style", "verify", "ca_bundle", "profile", "access_key_id_env",
@@ -55,11 +55,10 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
             raise ConfigError(f"{where}.paths: expected a list of directories, got {show_value(raw)}")
         kw["paths"] = tuple(Path(os.path.expanduser(parse_str(p, f"{where}.paths[{i}]"))) for i, p in enumerate(raw))
         if "segment_size" in obj:
-            seg = parse_size(obj["segment_size"], f"{where}.segment_size")
-            if not (1 << 20) <= seg <= (4 << 30):
-                raise ConfigError(f"{where}.segment_size: must be between 1MiB and 4GiB, "
-                                  f"got {show_value(obj['segment_size'])}")
-            kw["segment_bytes"] = seg
+            kw["segment_bytes"] = _size_between(obj, "segment_size", where, (1 << 20, "1MiB"), (4 << 30, "4GiB"))
+        if "write_call_size" in obj:  # 1MiB by default: fsio.WRITE_CALL_BYTES says why
+            kw["write_call_bytes"] = _size_between(obj, "write_call_size", where, (4 << 10, "4KiB"),
+                                                   (1 << 30, "1GiB"), " (e.g. 1MiB, the default)")
         if "affinity_chunks" in obj:
             kw["affinity_chunks"] = parse_int(obj["affinity_chunks"], f"{where}.affinity_chunks", 1, 1 << 20)
         if "refresh_interval_s" in obj:
@@ -101,6 +100,15 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
     if obj.get("max_age") is not None:
         kw["max_age_s"] = parse_age(obj["max_age"], f"{where}.max_age")
     return TierSettings(**kw)
+
+
+def _size_between(obj: Mapping[str, Any], key: str, where: str, low: tuple[int, str], high: tuple[int, str],
+                  hint: str = "") -> int:
+    """obj[key] as a size in [low, high] (bytes, as written in the message), else a ConfigError naming it."""
+    n = parse_size(obj[key], f"{where}.{key}")
+    if not low[0] <= n <= high[0]:
+        raise ConfigError(f"{where}.{key}: must be between {low[1]} and {high[1]}{hint}, got {show_value(obj[key])}")
+    return n
 
 
 def parse_endpoint_url(value: Any, where: str) -> str:

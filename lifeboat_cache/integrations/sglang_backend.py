@@ -14,7 +14,7 @@ a 128-page call in parallel. A page is stored as exactly the bytes of SGLang's f
 (`get_data_page(idx, flat=True)`), so the zero-copy (v1) and copying (`batch_set` / `batch_get`)
 interfaces read each other's pages. Zero-copy pages are lists of views of the pool: one or two
 blocks for `page_first*`, 2*L (MHA) or L (MLA) blocks for `layer_first`; the store writes them with
-one `pwritev` when raw, and gathers them into one buffer on its io worker when it compresses.
+`pwritev` straight from the pool when raw, and gathers them into one buffer on its io worker when it compresses.
 Pools whose pages are not views of their own buffers go through SGLang's copying accessors.
 
 Nothing here raises into SGLang after construction (the guard, `hicache/guard.py`): an unexpected error

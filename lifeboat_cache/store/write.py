@@ -32,7 +32,8 @@ from .io_workers import Gate
 
 BATCH_WRITE_RECORDS = 256  # pages per object when the first tier stores batches (S3)
 # a first tier that writes and reads runs (RecordRuns: local, nfs) gets a call's pages as at most this
-# many io tasks, each one reservation + one pwritev + one index insert (writes) or coalesced preadvs
+# many io tasks, each one reservation + pwritev calls of at most the tier's write_call_size + one index
+# insert (writes) or coalesced preadvs
 # (reads): per-record costs dominate small pages (a small model's page is 2 x layers blocks of KiBs)
 WRITE_RUNS = 4
 

@@ -142,8 +142,8 @@ class SegmentDirs(ABC):
 
 class RecordRuns(ABC):
     """A tier whose per-request cost is worth sharing (segment directories): a put's run of records is
-    written with one space reservation, one pwritev and one index insert, and a get's adjacent records
-    are read with one preadv. The store uses it on its first tier; records are verified as always."""
+    written with one space reservation, pwritev calls of at most `write_call_size` and one index
+    insert, and a get's adjacent records are read with one preadv. The store uses it on its first tier; records are verified as always."""
 
     @abstractmethod
     def write_some(self, records: Sequence[Record], affinity: int = 0) -> tuple[list[Ref], OSError | None]:

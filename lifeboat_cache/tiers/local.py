@@ -27,9 +27,10 @@ class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns):
         self.name = name or f"{self.kind}:{','.join(str(p) for p in settings.paths)}"
         per_dir = None if settings.capacity_bytes is None else settings.capacity_bytes // len(settings.paths)
         dir_settings = DirSettings(
-            capacity_bytes=per_dir, segment_bytes=settings.segment_bytes, refresh_interval_s=settings.refresh_interval_s,
-            seal_after_s=settings.seal_after_s, fsync=self.fsync, stripes=stripes, file_mode=settings.file_mode,
-            dir_mode=settings.dir_mode, max_age_s=settings.max_age_s)
+            capacity_bytes=per_dir, segment_bytes=settings.segment_bytes,
+            refresh_interval_s=settings.refresh_interval_s, seal_after_s=settings.seal_after_s, fsync=self.fsync,
+            stripes=stripes, file_mode=settings.file_mode, dir_mode=settings.dir_mode, max_age_s=settings.max_age_s,
+            write_call_bytes=settings.write_call_bytes)
         self.dirs = [
             self.segment_dir_cls(p, dir_settings, name=f"{self.kind}{i}", read_only=read_only, evict=evict)
             for i, p in enumerate(settings.paths)

@@ -44,13 +44,13 @@ def write(config: str, threads: int, pages: int, hold: int, close: bool) -> None
 
         real, lock, calls = seg.pwritev_all, threading.Lock(), [0]
 
-        def held(fd, bufs, offset):  # type: ignore[no-untyped-def]
+        def held(fd, bufs, offset, *bound):  # type: ignore[no-untyped-def]
             with lock:
                 calls[0] += 1
                 mine = calls[0] == hold
             if mine:
                 threading.Event().wait()  # never returns: the process is killed with this write pending
-            return real(fd, bufs, offset)
+            return real(fd, bufs, offset, *bound)
 
         seg.pwritev_all = held
     st = ChunkStore.open(load_settings(config))
@@ -173,7 +173,7 @@ def snapwrite(config: str, after: int) -> None:
     write `after` more pages (in segments the snapshot does not know), print DONE, wait for the SIGKILL."""
     import os
 
-    import lifeboat_cache.tiers.segments.snapshots as seg
+    import lifeboat_cache.tiers.segments.snapshot_policy as seg
     from lifeboat_cache.tiers.segments import SNAPSHOT_NAME
 
     seg.SNAPSHOT_INTERVAL_S, seg.SNAPSHOT_MIN_SEGMENTS = 0.1, 2

@@ -92,10 +92,10 @@ class LaunchPlan:
 # (`lifeboat bench --only sglang_vs_file`, docs/sglang.md): page_first (SGLang's default) is where
 # LifeboatCache is fastest with its defaults; a layout set by hand is never switched.
 LAYOUT_REASONS = {
-    "page_first": "SGLang's default and LifeboatCache's fastest: 2 blocks (K, V) per page, one pwritev / "
-                  "preadv each, and the GPU copy stays SGLang's kernel io backend",
+    "page_first": "SGLang's default and LifeboatCache's fastest: 2 blocks (K, V) per page, written and read "
+                  "straight from the page, and the GPU copy stays SGLang's kernel io backend",
     "page_first_direct": "2 blocks (K, V) per page like page_first; SGLang uses its direct io backend with it",
-    "layer_first": "kept as given: its 2 x layers blocks per page go out and in with one pwritev / preadv from "
+    "layer_first": "kept as given: its 2 x layers blocks per page go out and in with pwritev / preadv from "
                    "offsets computed once per pool; page_first is ~equally fast for LifeboatCache and gives the "
                    "GPU copy fewer, larger blocks",
 }

@@ -18,7 +18,7 @@ index thread, and never parses a record or touches a unit's fields itself.
     reads.py          the read path: adjacent records in one preadv, stale locations
     purge_filter.py   purge.list rules plus max_age, used by the read path, the index sweep and gc
     indexer.py        the index thread: initial rebuild, periodic refresh, change-counter catch-up
-    snapshots.py      when the index snapshot is loaded, checked and saved (policy)
+    snapshot_policy.py  when the index snapshot is loaded, checked and saved
     snapshot_file.py  the `index.snapshot` file: per-shard checksummed columns (format)
     eviction.py       capacity gc, and the EvictionPolicy / SharingPolicy a directory kind passes in
     shared_dir.py     NfsSharing: the policies of a directory other hosts write into (nfs)

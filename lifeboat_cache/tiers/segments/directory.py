@@ -31,7 +31,7 @@ from .quarantine import Quarantine
 from .reads import Reader
 from .rebuild import Scanner
 from .settings import DirSettings
-from .snapshots import Snapshots
+from .snapshot_policy import Snapshots
 from .units import UnitTable
 from .writers import Writers
 
@@ -94,7 +94,7 @@ class SegmentDir:
         share = max(MIN_OPEN_SEGMENT_BYTES, capacity_bytes // (OPEN_SHARE * settings.stripes))
         self.writers = Writers(self.table, self.index, self.counters, stripes=settings.stripes,
                                segment_bytes=min(settings.segment_bytes, share), file_mode=self.file_mode,
-                               fsync=settings.fsync,
+                               fsync=settings.fsync, write_call_bytes=settings.write_call_bytes,
                                changed=self._changed, write_trailer=self.sharing.write_trailer,
                                log_once=self.log_once)
         self.indexer = IndexThread(name, self.index, self.counters, self.scanner, self.snapshots, self.quarantined,
@@ -200,11 +200,12 @@ class SegmentDir:
     def append_many(self, records: Sequence[Record]) -> tuple[list[Loc], OSError | None]:
         """Append records (ikey, digest, bufs, length) in order and index them: (locs written, error).
 
-        A run costs one reservation, one pwritev and one index insert per segment it lands in, and one
-        change signal, not one of each per record. The rules of a single record hold for each: it is
-        indexed only after its bytes are written; on a failure (full disk) the leading records that
-        were written stay indexed, the rest are dropped (never indexed) and the error is returned, and
-        the segment is sealed as after a failed single write. Raises OSError only when read-only.
+        A run costs one reservation, pwritev calls of at most `write_call_size` bytes and one index insert
+        per segment it lands in, and one change signal, not one of each per record. The rules of a single
+        record hold for each: it is indexed only after its bytes are written; on a failure (full disk) the
+        leading records that were written stay indexed, the rest are dropped (never indexed) and the error
+        is returned, and the segment is sealed as after a failed single write. Raises OSError only when
+        read-only.
         """
         if self.read_only:
             raise OSError(errno.EROFS, f"{self.path} is open read-only")

@@ -19,7 +19,7 @@ from .changes import ChangeCounter
 from .eviction import SharingPolicy
 from .quarantine import Quarantine
 from .rebuild import Scanner
-from .snapshots import Snapshots
+from .snapshot_policy import Snapshots
 
 log = logging.getLogger(__name__)
 

@@ -153,3 +153,15 @@ def test_s3_and_nfs_keys() -> None:
         settings_from_dict({"storage": [{"type": "s3", "bucket": "b", "paths": ["/x"]}]})
     with pytest.raises(ConfigError, match="bucket"):
         settings_from_dict({"storage": [{"type": "s3"}]})
+
+
+def test_write_call_size_of_a_file_tier() -> None:
+    s = settings_from_dict({"storage": [{"type": "local", "path": "/x", "write_call_size": "256KiB"},
+                                        {"type": "nfs", "path": "/y"}]})
+    assert s.storage[0].write_call_bytes == 256 << 10 and s.storage[1].write_call_bytes == 1 << 20
+    for bad in ("1KiB", "2GiB", "lots"):
+        with pytest.raises(ConfigError, match=r"storage\[0\]\.write_call_size") as e:
+            settings_from_dict({"storage": [{"type": "local", "path": "/x", "write_call_size": bad}]})
+        assert "1MiB" in str(e.value) or "size" in str(e.value)
+    with pytest.raises(ConfigError, match="write_call_size"):  # not a key of an s3 tier
+        settings_from_dict({"storage": [{"type": "s3", "bucket": "b", "write_call_size": "1MiB"}]})

@@ -65,3 +65,52 @@ def test_pwritev_all_reports_the_bytes_written_before_a_failure(tmp_path, monkey
         assert not isinstance(e2.value, fsio.PartialWrite)
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("short", [False, True], ids=["whole", "short-writes"])
+@pytest.mark.parametrize("bound", [4096, fsio.WRITE_CALL_BYTES])
+def test_pwritev_all_never_writes_more_than_the_bound_in_one_call(tmp_path, monkeypatch, bound, short):
+    """Buffers larger than the bound go in slices, smaller ones share a call; every call but the last is
+    full (the fewest calls the bound allows), and short writes inside a slice are finished."""
+    rng = np.random.default_rng(2)
+    parts = [rng.integers(0, 256, n, dtype=np.uint8) for n in (3 * bound + 17, 5, 0, bound, bound - 1, 1, 2 * bound)]
+    blob = b"".join(p.tobytes() for p in parts)
+    real, calls = os.pwritev, []
+
+    def spy(fd, bufs, off):  # type: ignore[no-untyped-def]
+        calls.append(sum(memoryview(b).nbytes for b in bufs))
+        if short:
+            return real(fd, [memoryview(b"".join(bytes(b) for b in bufs))[:1000]], off)
+        return real(fd, bufs, off)
+
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        monkeypatch.setattr(os, "pwritev", spy)
+        fsio.pwritev_all(fd, parts, 3, max_call_bytes=bound)
+        monkeypatch.setattr(os, "pwritev", real)
+        assert os.pread(fd, len(blob) + 3, 0) == b"\0" * 3 + blob
+        assert max(calls) <= bound
+        if not short:
+            assert sum(calls) == len(blob) and all(c == bound for c in calls[:-1])
+    finally:
+        os.close(fd)
+
+
+def test_reads_are_not_bounded_by_the_write_call_size(tmp_path, monkeypatch):
+    """A large preadv is not slow (docs/perf/write-calls.md): a read stays one call."""
+    blob = np.random.default_rng(3).integers(0, 256, 3 * fsio.WRITE_CALL_BYTES, dtype=np.uint8).tobytes()
+    (tmp_path / "f").write_bytes(blob)
+    real, calls = os.preadv, []
+
+    def spy(fd, bufs, off):  # type: ignore[no-untyped-def]
+        calls.append(len(bufs))
+        return real(fd, bufs, off)
+
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        monkeypatch.setattr(os, "preadv", spy)
+        dst = bytearray(len(blob))
+        assert fsio.preadv_all(fd, [memoryview(dst)], 0) == len(blob) and bytes(dst) == blob
+        assert len(calls) == 1
+    finally:
+        os.close(fd)

@@ -1,5 +1,6 @@
-"""Runs: a put's pages written as a few runs (one reservation, one pwritev, one index insert each) and a
-get's adjacent records read with one preadv, over real segment files (tmpfs where a full disk is needed).
+"""Runs: a put's pages written as a few runs (one reservation, pwritev calls of at most write_call_size,
+one index insert each) and a get's adjacent records read with one preadv, over real segment files (tmpfs
+where a full disk is needed).
 Every record is still verified before its page counts; a full disk keeps only whole records indexed."""
 
 from __future__ import annotations
@@ -105,9 +106,9 @@ def test_index_sees_a_run_only_after_its_bytes_are_written(tmp_path, monkeypatch
     recs = make_records(10, size=3000)
     real, seen = seg_writers.pwritev_all, []
 
-    def check(fd, bufs, offset):  # type: ignore[no-untyped-def]
+    def check(fd, bufs, offset, *bound):  # type: ignore[no-untyped-def]
         seen.append(int(d.index.contains(np.array([r.ikey for r in recs], np.int64)).sum()))
-        return real(fd, bufs, offset)
+        return real(fd, bufs, offset, *bound)
 
     monkeypatch.setattr(seg_writers, "pwritev_all", check)
     locs, err = d.append_many([(r.ikey, r.digest, r.bufs, r.length) for r in recs])
@@ -277,9 +278,9 @@ def test_hung_run_write_and_read_return_by_the_deadline(tmp_path, monkeypatch):
         stop = threading.Event()
         real_w = seg_writers.pwritev_all
 
-        def hung_write(fd, bufs, off):  # type: ignore[no-untyped-def]
+        def hung_write(fd, bufs, off, *bound):  # type: ignore[no-untyped-def]
             stop.wait(10)
-            return real_w(fd, bufs, off)
+            return real_w(fd, bufs, off, *bound)
 
         monkeypatch.setattr(seg_writers, "pwritev_all", hung_write)
         t0 = time.monotonic()
@@ -321,3 +322,25 @@ def test_page_blocks_store_the_same_records_as_a_list_of_arrays(tmp_path):
         frozen = store_pages.PageBlocks(out[0].pieces, 2, out[0].dtype, writable=False)
         with pytest.raises(ValueError, match="writable"):
             b.get_into(NS, keys(1, "pb"), [frozen])
+
+
+@pytest.mark.parametrize("bound", [None, "64KiB"])
+def test_write_calls_of_a_run_stay_within_the_tier_bound(tmp_path, monkeypatch, bound):
+    """A put's run of 768 KiB pages is written in calls of at most `write_call_size` (default 1 MiB):
+    a single write of 2 MiB or more costs 10-20x the kernel time on some kernels (fsio.WRITE_CALL_BYTES)."""
+    limit = (64 << 10) if bound else (1 << 20)
+    real, sizes = os.pwritev, []
+
+    def spy(fd, bufs, offset, *a):  # type: ignore[no-untyped-def]
+        sizes.append(sum(memoryview(b).nbytes for b in bufs))
+        return real(fd, bufs, offset, *a)
+
+    ps = [np.random.default_rng(i).integers(0, 2**16, 384 << 10, dtype=np.uint16) for i in range(7)]  # 768 KiB
+    ks = keys(7)
+    extra = {"write_call_size": bound} if bound else {}
+    with ChunkStore.open(settings(tmp_path, segment_size="64MiB", **extra), background=False) as st:
+        monkeypatch.setattr(os, "pwritev", spy)
+        assert all(st.put(NS, ks, ps))
+        monkeypatch.setattr(os, "pwritev", real)
+        assert all(read_back(st, ks, ps))
+    assert sizes and max(sizes) <= limit and sum(sizes) >= 7 * (768 << 10)

@@ -1,5 +1,5 @@
-"""Periodic index snapshots (tiers/segments/snapshots.py `Snapshots.maybe_save`): written by the index thread while the
-store serves, loadable, and harmless when the write fails.
+"""Periodic index snapshots (tiers/segments/snapshot_policy.py `Snapshots.maybe_save`): written by the
+index thread while the store serves, loadable, and harmless when the write fails.
 
 Real parts: a real ChunkStore over a local tier on real files; the thresholds are lowered for the test
 (`SNAPSHOT_INTERVAL_S`, `SNAPSHOT_MIN_SEGMENTS`) so a test sees a snapshot within seconds.
@@ -17,7 +17,7 @@ import pytest
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
 from lifeboat_cache.config import settings_from_dict
-from lifeboat_cache.tiers.segments import DirSettings, SegmentDir, snapshot_file as snap, snapshots as seg
+from lifeboat_cache.tiers.segments import DirSettings, SegmentDir, snapshot_file as snap, snapshot_policy as seg
 from lifeboat_cache.tiers.segments.snapshot_file import SNAPSHOT_NAME
 
 NS = namespace_fingerprint(model="periodic-snapshot")
