@@ -1,4 +1,5 @@
-"""Pages, keys, read-back, polling and byte-flip corruption: written once for every test module."""
+"""Pages, keys, read-back, polling, byte-flip corruption and a one-local-tier config: written once for every
+test module."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def flip_byte(target: Union[bytearray, str, os.PathLike], offset: int, mask: int
             raise ValueError(f"{target}: offset {offset} is past the end of the file")
         f.seek(offset)
         f.write(bytes([b[0] ^ mask]))
+
+
+def local_settings(path: Union[str, os.PathLike], **tier: Any) -> Any:
+    """One local tier at path (1 GiB, 4 MiB segments, `tier` overrides), 4 io workers, short cooldowns."""
+    from lifeboat_cache.config import settings_from_dict
+
+    t = {"type": "local", "path": str(path), "capacity": "1GiB", "segment_size": "4MiB", **tier}
+    return settings_from_dict({"storage": [t], "engine": {"io_workers": 4, "failure_cooldown_s": 0.2,
+                                                          "failure_cooldown_max_s": 0.8}})

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import threading
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
 from support import chunks
-from support.chunks import keys, page
+from support.chunks import keys, local_settings as settings, page
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
-from lifeboat_cache.config import settings_from_dict
 from lifeboat_cache.records.keys import index_key, key_digest
 
 NS = namespace_fingerprint(model="test", dtype="bfloat16", page_size=64)
-
-
-def settings(path: Path, **tier):
-    t = {"type": "local", "path": str(path), "capacity": "1GiB", "segment_size": "4MiB", **tier}
-    return settings_from_dict({"storage": [t], "engine": {"io_workers": 4, "failure_cooldown_s": 0.2,
-                                                          "failure_cooldown_max_s": 0.8}})
 
 
 read_back = partial(chunks.read_back, ns=NS)

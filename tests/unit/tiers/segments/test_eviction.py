@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from support.chunks import keys, page
+from support.chunks import keys, local_settings as settings, page
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
-from lifeboat_cache.config import settings_from_dict
 
 NS = namespace_fingerprint(model="test", dtype="bfloat16", page_size=64)
-
-
-def settings(path: Path, **tier):
-    t = {"type": "local", "path": str(path), "capacity": "1GiB", "segment_size": "4MiB", **tier}
-    return settings_from_dict({"storage": [t], "engine": {"io_workers": 4, "failure_cooldown_s": 0.2,
-                                                          "failure_cooldown_max_s": 0.8}})
 
 
 def test_capacity_evicts_oldest_segments(tmp_path):

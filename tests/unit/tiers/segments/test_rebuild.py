@@ -11,20 +11,13 @@ from functools import partial
 from pathlib import Path
 
 from support import chunks
-from support.chunks import keys, page
+from support.chunks import keys, local_settings as settings, page
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
-from lifeboat_cache.config import settings_from_dict
 from lifeboat_cache.records.keys import index_key, key_digest
 from lifeboat_cache.tiers.segments.snapshot_file import SNAPSHOT_NAME
 
 NS = namespace_fingerprint(model="test", dtype="bfloat16", page_size=64)
-
-
-def settings(path: Path, **tier):
-    t = {"type": "local", "path": str(path), "capacity": "1GiB", "segment_size": "4MiB", **tier}
-    return settings_from_dict({"storage": [t], "engine": {"io_workers": 4, "failure_cooldown_s": 0.2,
-                                                          "failure_cooldown_max_s": 0.8}})
 
 
 read_back = partial(chunks.read_back, ns=NS)
