@@ -1,6 +1,7 @@
 """`lifeboat bench`: every performance figure of LifeboatCache, measured in one run on this machine.
 
-One module per section (ceilings, sglang_vs_file, sealing, index_scale via adapters, compression, s3,
+One module per section (ceilings, sglang_vs_file, sealing, index_scale via adapters, compression,
+retention: hit rate in a full store against SGLang `file` and offline LRU / Belady (traces in retention_traces), s3,
 mlx, server: a real SGLang CPU server restarted on each store);
 `runner` runs them in order and `report` prints the table, writes results.json / results.md and draws the
 PNG plots. Every figure is a ratio against something measured in the same run, or an absolute labelled

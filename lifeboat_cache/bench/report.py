@@ -1,6 +1,7 @@
 """Turn the results dict into a Markdown table (printed and saved), results.json and PNG plots.
 
-The tables are `report_tables`, the plots `report_plots`; this module writes the three files.
+The tables are `report_tables` (and `report_retention`), the plots `report_plots`; this module writes
+the three files.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .report_plots import plots
+from .report_retention import retention_table
 from .report_tables import tables
 
 __all__ = ["json_default", "write"]
@@ -19,7 +21,7 @@ __all__ = ["json_default", "write"]
 def write(res: dict[str, Any], out: Path) -> tuple[str, list[Path]]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=json_default))
-    md = tables(res)
+    md = tables(res).rstrip("\n") + "\n\n" + "\n".join(retention_table(res["sections"].get("retention")))
     (out / "results.md").write_text(md)
     return md, plots(res, out)
 

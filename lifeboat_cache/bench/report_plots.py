@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from .report_retention import plot_retention
 from .report_tables import section_ok, section_rows, section_status
 
-PLOTS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "s3", "mlx", "server")
+PLOTS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "retention", "s3", "mlx", "server")
 
 
 def _placeholder(ax: Any, text: str) -> None:
@@ -169,6 +170,7 @@ def _plot_server(ax: Any, sv: dict[str, Any]) -> None:
 #: The plot of each section in PLOTS (one missing here shows as that section's "plot failed" placeholder).
 _PLOTTERS: dict[str, Callable[[Any, dict[str, Any]], None]] = {
     "ceilings": _plot_ceilings, "sglang_vs_file": _plot_sglang_vs_file, "sealing": _plot_sealing,
-    "index_scale": _plot_index_scale, "compression": _plot_compression, "s3": _plot_s3, "mlx": _plot_mlx,
+    "index_scale": _plot_index_scale, "compression": _plot_compression, "retention": plot_retention, "s3": _plot_s3,
+    "mlx": _plot_mlx,
     "server": _plot_server,
 }

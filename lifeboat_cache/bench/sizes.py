@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-SECTIONS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "s3", "mlx",
+SECTIONS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "retention", "s3", "mlx",
             "server")  # in run order
 
 

@@ -68,6 +68,8 @@ class WritePath:
                 results[i] = True
             else:
                 todo.append(i)
+        if len(todo) < len(ds):
+            tier.touch(ik[present])  # a page recomputed while stored is in use: retention keeps it
         redirect = False  # first tier cooling down: queue the pages for the tiers behind it
         if todo and cd.active():
             if self.ctx.copier is None:

@@ -64,6 +64,9 @@ class Tier(ABC):
     def forget(self, ikey: int, ref: Ref, reason: str) -> None:
         """Drop a record that failed verification, so it is never served or rediscovered."""
 
+    def touch(self, ikeys: np.ndarray) -> None:
+        """Pages asked to be written again while stored: a use, as a read is, for retention. No I/O."""
+
     @abstractmethod
     def records(self) -> Iterator[tuple[int, Ref]]:
         """Every indexed record (for verify)."""

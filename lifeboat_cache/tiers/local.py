@@ -49,6 +49,10 @@ class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns):
                 hit[miss] = d.index.contains(ikeys[miss])
         return hit
 
+    def touch(self, ikeys: np.ndarray) -> None:
+        for d in self.dirs:
+            d.touch(ikeys)
+
     def locate(self, ikey: int) -> Ref | None:
         for i, d in enumerate(self.dirs):
             loc = d.index.get(ikey)

@@ -73,6 +73,11 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
     for x in sg["cases"]:
         assert x["resident_pages_before_cold_read"] == [0] * (2 * x["reps"])  # cold reads were cold
         assert len(x["ratio"]["cold_read"]["reps"]) == x["reps"]
+    rt = res["sections"]["retention"]
+    assert {c["trace"] for c in rt["cases"]} == {"hot_set", "zipf", "multi_turn"}
+    for c in rt["cases"]:  # the offline optimum bounds every online policy on the same trace
+        assert max(c["lifeboat"]["hit_rate"], c["file"]["hit_rate"], c["lru"]) <= c["belady"] + 1e-9, c
+    assert rt["hot_set_restart"]["lifeboat"]["hit_rate_after_restart"] >= 0.95, rt["hot_set_restart"]
     cm = res["sections"]["compression"]["choices"]
     assert set(cm) == {"real_kv", "random_bf16"} and cm["real_kv"]["none"]["ratio"] == pytest.approx(1.0, rel=1e-3)
     s3 = res["sections"]["s3"]["latencies"]["0"]

@@ -4,6 +4,7 @@
     python child.py check CONFIG KEYS_FILE                      # prints one JSON line of counts
     python child.py fill CONFIG THREADS PAGES                   # write until the disk is full, close, audit
     python child.py snapwrite CONFIG PAGES_AFTER                # write until a periodic snapshot exists, then more
+    python child.py churn CONFIG HOT ROUNDS                     # hot pages read every round beside one-off ones
 
 `HOLD` >= 0 holds back that (global) record write forever, as a writer thread stalled between
 reserving its offset and writing it would: later records of the same segment are written and
@@ -204,8 +205,38 @@ def snapwrite(config: str, after: int) -> None:
     threading.Event().wait()  # wait for the SIGKILL
 
 
+def churn(config: str, hot: int, rounds: int) -> None:
+    """A full store under the issue's traffic: `hot` pages written between one-off ones (so evicting
+    their segments reinserts them), then each round reads them and writes `hot` one-off pages. Prints
+    "A <key>" per acknowledged hot page, then per round "R <round> <served> <wrong> <reinserted>
+    <evicted>"; the parent kills it with SIGKILL mid-round (mid-eviction, mid-reinsertion)."""
+    st = ChunkStore.open(load_settings(config))
+    d = st.tiers[0].dirs[0]
+    hk = [f"h-{i}" for i in range(hot)]
+    for i, k in enumerate(hk):
+        ok = st.put(NS, [f"x-{i}", k, f"y-{i}"], [page(f"x-{i}"), page(k), page(f"y-{i}")])
+        if ok[1]:
+            sys.stdout.write(f"A {k}\n")
+    sys.stdout.flush()
+    for r in range(rounds):
+        bufs = [np.empty(PAGE_ELEMS, np.uint16) for _ in hk]
+        got = st.get_into(NS, hk, bufs)
+        wrong = sum(g and not np.array_equal(b, page(k)) for g, b, k in zip(got, bufs, hk))
+        st.put(NS, hk, [page(k) for k in hk])
+        ks = [f"o-{r}-{i}" for i in range(hot)]
+        st.put(NS, ks, [page(k) for k in ks])
+        c = d.counters
+        sys.stdout.write(f"R {r} {sum(got)} {wrong} {c['retention_reinserted_records']} {c['evicted_segments']}\n")
+        sys.stdout.flush()
+    sys.stdout.write("DONE\n")
+    sys.stdout.flush()
+    threading.Event().wait()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "snapwrite":
+    if sys.argv[1] == "churn":
+        churn(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == "snapwrite":
         snapwrite(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "fill":
         fill(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

@@ -22,9 +22,12 @@ from ...fsio import make_dirs, open_file
 from ...index import Index, Loc
 from ...metrics import Counters
 from ...records import Record
+from ...retention import AccessTable, RewriteBudget
 from . import compaction, inspection
+from .access_files import AccessFiles
+from .capacity import COUNTERS as EVICTION_COUNTERS, Evictor
 from .changes import SEGMENTS, ChangeCounter
-from .eviction import EvictionPolicy, SharingPolicy, evict
+from .eviction import EvictionPolicy, SharingPolicy
 from .indexer import IndexThread
 from .purge_filter import PurgeFilter
 from .quarantine import Quarantine
@@ -38,7 +41,7 @@ from .writers import Writers
 log = logging.getLogger(__name__)
 
 AUTO_CAPACITY_MAX_BYTES = 64 << 30
-OPEN_SHARE = 4  # open segments together may hold at most 1/OPEN_SHARE of the capacity
+OPEN_SHARE = 16  # open segments together may hold at most 1/OPEN_SHARE of the capacity (all of it counts)
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
 
 
@@ -69,9 +72,7 @@ class SegmentDir:
         self._changes: ChangeCounter | None = None
         self.counters = Counters()  # updated from the index thread, writers and the store's io threads
         self.counters.declare(
-            "change_catch_ups",
-            "scan_records", "scan_torn", "scan_damaged_bytes", "evicted_segments",
-            "evicted_bytes", "sealed_segments", "seal_failures", "rebuild_ms",
+            "change_catch_ups", "scan_records", "scan_torn", "scan_damaged_bytes", *EVICTION_COUNTERS, "sealed_segments", "seal_failures", "rebuild_ms",
             "foreign_files", "quarantine_bad_lines", "snapshot_discarded",
             "snapshot_dropped_entries", "snapshot_mismatched_units", "snapshot_pages", "snapshot_segments",
             "scanned_segments", "snapshot_saves", "snapshot_save_failures", "snapshot_save_ms")
@@ -82,7 +83,11 @@ class SegmentDir:
         self.snapshots = Snapshots(self.table, self.index, self.counters, self.scanner, self.quarantined,
                                    file_mode=self.file_mode, fsync=settings.fsync, read_only=read_only,
                                    closed=self._closed.is_set, log_once=self.log_once)
-        self.reader = Reader(self.table, self.purge, self.sharing, self.counters, self.foreign)
+        self.access = AccessTable()  # reads per record: what capacity gc keeps (retention/)
+        self.table.on_drop(lambda unit: self.access.forget([unit.name]))
+        self.access_files = AccessFiles(self.path, self.table, self.access, file_mode=self.file_mode,
+                                        read_only=read_only, log_once=self.log_once)
+        self.reader = Reader(self.table, self.purge, self.sharing, self.counters, self.foreign, self.access)
         if not read_only:
             self._check_writable()
             self._open_changes()  # a read-only open (stats, ls, verify) neither creates nor polls it
@@ -97,6 +102,9 @@ class SegmentDir:
                                fsync=settings.fsync, write_call_bytes=settings.write_call_bytes,
                                changed=self._changed, write_trailer=self.sharing.write_trailer,
                                log_once=self.log_once)
+        self.budget = RewriteBudget(slack_bytes=self.writers.segment_bytes)
+        self.evictor = Evictor(self.table, self.writers, self.index, self.eviction, self.access, self.budget,
+                               self.counters, self.log_once)
         self.indexer = IndexThread(name, self.index, self.counters, self.scanner, self.snapshots, self.quarantined,
                                    self.sharing, self._changes, refresh_interval_s=settings.refresh_interval_s,
                                    read_only=read_only, closed=self._closed, periodic=self._maybe_time_seal)
@@ -185,9 +193,15 @@ class SegmentDir:
         return self.writers.open_names()
 
     def after_refresh(self) -> None:
-        """After each scan's batched inserts: apply the purge rules, then capacity gc."""
+        """After each scan's batched inserts: apply the purge rules, share what was read, then capacity gc."""
         compaction.apply(self)  # purge rules, after the batched entries are in the index
+        self.sync_access()
         self._auto_gc()
+
+    def sync_access(self, force: bool = False) -> None:
+        """Absorb the other processes' retention state, then publish ours (each at most every PUBLISH_S)."""
+        self.access_files.absorb_due(force)
+        self.access_files.publish(force=force)
 
     # ------------------------------------------------------------------ write path
     def append(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int) -> Loc:
@@ -221,6 +235,7 @@ class SegmentDir:
             rolled |= roll
         if locs:
             self._changed()  # write, index, then tell the other processes of this host
+            self.budget.wrote(sum(loc.length for loc in locs))
         if rolled:  # a segment was opened for this run: enforce the capacity bound now
             self._auto_gc()
         return locs, err
@@ -248,6 +263,13 @@ class SegmentDir:
         """`read_into` for many records: adjacent records of one segment in one preadv (see reads.py)."""
         return self.reader.read_run(locs, bufs)
 
+    def touch(self, ikeys: np.ndarray) -> None:
+        """Count a use of the records of these keys held here (pages written again while stored)."""
+        for loc in self.index.get_many(np.asarray(ikeys, np.int64)):
+            name = None if loc is None else self.unit_name(loc.unit)
+            if name is not None:
+                self.access.hit(name, loc.offset)
+
     def unit_name(self, unit_id: int) -> str | None:
         u = self.table.get(unit_id)
         return u.name if u else None
@@ -265,19 +287,19 @@ class SegmentDir:
 
     def _auto_gc(self) -> None:
         """The capacity bound a serving process keeps; a maintenance open (evict=False) skips it."""
-        if self.evict:
-            self.gc()
+        if self.evict:  # waits for a pass running in another thread: writes never outrun eviction
+            self.evictor.evict(self.capacity_bytes, wait=True)
 
     def gc(self, target_bytes: int | None = None) -> int:
-        """Evict whole oldest sealed segments until the bytes on disk, open segments counted full, fit.
-
-        Seals idle open segments early when only they are left to evict. Returns bytes freed
-        (0 when open read-only). Called explicitly by `lifeboat gc`, and by serving processes.
-        """
+        """Free sealed segments, as retention decides (capacity.py), until the bytes on disk, open
+        segments counted full, fit. Seals idle open segments early when only they are left. Returns
+        bytes freed (0 when open read-only). Called by `lifeboat gc` (after reading every process's
+        retention state); serving processes run the same after writes and refreshes."""
         if self.read_only:
             return 0
+        self.access_files.absorb_due(force=True)
         limit = self.capacity_bytes if target_bytes is None else target_bytes
-        return evict(self.table, self.writers, self.eviction, limit, self.counters, self.log_once)
+        return self.evictor.evict(limit, wait=True)
 
     # ------------------------------------------------------------------ inspection, verify, quarantine
     def purge_figures(self) -> dict[str, int]:
@@ -333,6 +355,7 @@ class SegmentDir:
         if self.writers.has_unsealed:
             self.writers.retry_seals()
         self.save_snapshot()
+        self.access_files.publish(force=True)
         self.writers.close()  # a write still in flight: never leave its fd open
         self.table.close_fds()
         if self._changes is not None:

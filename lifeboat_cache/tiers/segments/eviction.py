@@ -1,6 +1,6 @@
-"""Capacity eviction of a segment directory, and the policies a directory kind passes in.
+"""The policies a directory kind passes in: which units capacity gc may free, and how the directory is shared.
 
-`EvictionPolicy` decides which units capacity gc may unlink; `SharingPolicy` holds what differs when
+`EvictionPolicy` decides which units capacity gc (capacity.py) may free; `SharingPolicy` holds what differs when
 other hosts write into the same directory (which open segments a catch-up rescans, how a foreign
 unsealed segment is scanned, how a trailer is committed, what a failed read means). The local
 directory uses both as they are; a shared (nfs) directory passes one object implementing both (shared_dir.py) through
@@ -9,16 +9,11 @@ SegmentDir's constructor instead of overriding its methods.
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-from ...metrics import Counters
 from ...records import Entry
 from .format import write_trailer
-from .units import Unit, UnitTable
-
-if TYPE_CHECKING:
-    from .writers import Writers
+from .units import Unit
 
 
 class EvictionPolicy:
@@ -54,33 +49,3 @@ class SharingPolicy:
         """Whether a read's OSError means the location is stale (a miss), not a tier failure."""
         return False
 
-
-def evict(table: UnitTable, writers: "Writers", policy: EvictionPolicy, limit: int, counters: Counters,
-          log_once: Callable[..., bool]) -> int:
-    """Evict whole oldest evictable segments until the bytes on disk, open segments counted full, fit
-    `limit`. Seals idle open segments early when only they are left to evict. Returns bytes freed."""
-    freed = 0
-    sealed_early = False
-    while True:
-        with table.lock:
-            if writers.projected_bytes() <= limit:
-                return freed
-            victims = sorted((u for u in table.live() if policy.evictable(u)), key=lambda u: u.name)
-            if not victims:
-                if sealed_early:
-                    return freed
-                sealed_early = True
-                writers.seal_idle()
-                continue
-            victim = victims[0]
-        try:
-            os.unlink(victim.path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            log_once(f"evict:{e.errno}", "lifeboat: cannot evict %s: %s", victim.path, e)
-            return freed
-        table.drop(victim)
-        freed += victim.size
-        counters.add("evicted_segments")
-        counters.add("evicted_bytes", victim.size)

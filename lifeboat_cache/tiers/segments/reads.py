@@ -13,6 +13,7 @@ from ...fsio import ForeignFile, preadv_all
 from ...index import Loc
 from ...metrics import Counters
 from ...records import NS_AT
+from ...retention import AccessTable
 from .eviction import SharingPolicy
 from .format import unit_ms
 from .purge_filter import PurgeFilter
@@ -23,8 +24,9 @@ class Reader:
     """Reads records of one directory's units (see the module docstring)."""
 
     def __init__(self, table: UnitTable, purge: PurgeFilter, sharing: SharingPolicy, counters: Counters,
-                 foreign: Callable[[str, str], None]) -> None:
+                 foreign: Callable[[str, str], None], access: AccessTable) -> None:
         self.table, self.purge, self.sharing, self.counters = table, purge, sharing, counters
+        self.access = access  # each record read whole counts as a read for retention
         self._foreign = foreign
 
     def read_run(self, locs: Sequence[Loc], bufs: Sequence[Sequence[memoryview]]) -> list[bool]:
@@ -78,3 +80,5 @@ class Reader:
             whole = locs[r].offset + locs[r].length - locs[k].offset <= n
             out[r] = whole and not (blocking and self.purge.blocks(
                 unit_ms(unit.name), bytes(bufs[r][0][NS_AT:NS_AT + 16])))
+            if out[r]:
+                self.access.hit(unit.name, locs[r].offset)

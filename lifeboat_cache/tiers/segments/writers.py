@@ -5,6 +5,9 @@ its inode lock). A run of records reserves its room (and the room of a trailer l
 so far) before it is written, so a full disk never leaves a segment unsealable; a record is indexed
 only after its bytes are written (write, then index). A segment is sealed once every write that
 reserved room in it has returned; a trailer that cannot be written (full disk) is retried later.
+Records that retention keeps (reinsertion) go through one more open segment, the keeper lane, whose
+name carries the age of the oldest record in it, so age rules (max_age, purge --older-than) still see
+when a kept record was first written.
 
 `pwritev_all` is looked up in this module at each write: tests patch `writers.pwritev_all` to hold
 or fail a record write (the trailer writes are not affected).
@@ -27,6 +30,7 @@ from ...fsio import WRITE_CALL_BYTES, PartialWrite, open_file, pwritev_all, rese
 from ...index import Index, Loc
 from ...metrics import Counters
 from ...records import Entry, Record, raw_length, trailer_size
+from .format import unit_ms
 from .units import Unit, UnitTable
 
 log = logging.getLogger(__name__)
@@ -61,7 +65,8 @@ class Writers:
         self.file_mode, self.fsync = file_mode, fsync
         self._changed, self._write_trailer, self._log_once = changed, write_trailer, log_once
         self._lock = table.lock
-        self._writers: list[Writer | None] = [None] * stripes
+        self._writers: list[Writer | None] = [None] * (stripes + 1)  # the stripes, then the keeper lane
+        self._keeper = stripes
         self._stripe = threading.local()
         self._stripe_next = 0
         self._sealing: list[Writer] = []  # waiting for in-flight writes before their trailer
@@ -69,7 +74,7 @@ class Writers:
 
     @property
     def stripes(self) -> int:
-        return len(self._writers)
+        return self._keeper
 
     def open(self) -> list[Writer]:
         """The open segments now (a copy; their fields are read under `table.lock`)."""
@@ -83,16 +88,19 @@ class Writers:
     def projected_bytes(self) -> int:
         """Bytes on disk once every open segment is full: what the capacity must hold."""
         with self._lock:
-            own = {w.unit.id: max(self.segment_bytes, w.reserved) for w in self._writers if w is not None}
+            own = {w.unit.id: max(self.segment_bytes, w.reserved) for w in self._writers[:self._keeper]
+                   if w is not None}  # the keeper lane counts what it holds: it fills only inside an eviction
             return sum(own.get(u.id, u.size) for u in self.table.live())
 
     # ------------------------------------------------------------------ appends
-    def append_part(self, records: Sequence[Record], first: int) -> tuple[list[Loc], bool, OSError | None]:
+    def append_part(self, records: Sequence[Record], first: int, *, kept_ms: int | None = None
+                    ) -> tuple[list[Loc], bool, OSError | None]:
         """Write and index the records from `first` on that fit in this thread's open segment (at
-        least one). Returns their locs, whether a segment was opened, and the error that stopped it."""
+        least one). Returns their locs, whether a segment was opened, and the error that stopped it.
+        `kept_ms`: the records are kept by retention and were first written at kept_ms (the keeper lane)."""
         with self._lock:
-            stripe = self._my_stripe()
-            w = self._writer_for(stripe, records[first][3])
+            stripe = self._my_stripe() if kept_ms is None else self._keeper
+            w = self._writer_for(stripe, records[first][3], kept_ms)
             rolled = w.reserved == 0
             off = w.reserved
             end, total = first, 0
@@ -132,18 +140,20 @@ class Writers:
         """Each writing thread sticks to one stripe (one open segment)."""
         s = getattr(self._stripe, "i", None)
         if s is None:
-            s = self._stripe.i = self._stripe_next % len(self._writers)
+            s = self._stripe.i = self._stripe_next % self._keeper
             self._stripe_next += 1
         return s
 
-    def _writer_for(self, stripe: int, length: int) -> Writer:
+    def _writer_for(self, stripe: int, length: int, kept_ms: int | None = None) -> Writer:
         w = self._writers[stripe]
-        if w is not None and w.reserved + length > self.segment_bytes and w.reserved > 0:
+        full = w is not None and w.reserved + length > self.segment_bytes and w.reserved > 0
+        younger = w is not None and kept_ms is not None and unit_ms(w.unit.name) > kept_ms
+        if w is not None and (full or younger):  # the keeper lane's name must not be younger than a record
             self._writers[stripe] = None
             self._start_seal(w)
             w = None
         if w is None:
-            name = self.table.new_name()
+            name = self.table.new_name(kept_ms)
             fd = open_file(self.table.path / name, os.O_RDWR | os.O_CREAT, self.file_mode)
             unit = self.table.add(name, own=True)
             w = self._writers[stripe] = Writer(unit, fd, time.monotonic())

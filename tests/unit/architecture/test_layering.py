@@ -41,7 +41,7 @@ PKG = "lifeboat_cache"
 ROOT = Path(__file__).resolve().parents[3] / PKG
 
 LAYERS = ["ground", "core", "tiers", "store", "ops", "runtimes", "integrations", "apps"]
-FOLDER_LAYER = {"config": "core", "records": "core", "index": "core", "tiers": "tiers", "store": "store",
+FOLDER_LAYER = {"config": "core", "records": "core", "index": "core", "retention": "core", "tiers": "tiers", "store": "store",
                 "ops": "ops", "runtimes": "runtimes", "integrations": "integrations",
                 "bench": "apps", "cli": "apps", "demo": "apps", "testing": "apps"}
 LAZY_FACES = {f"{PKG}.integrations", f"{PKG}.runtimes"}  # import nothing: a plugin must stay cheap

@@ -1,0 +1,53 @@
+"""The retention section's table and plot (bench/retention.py): hit rate against capacity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .report_tables import section_ok, section_status
+
+TRACE_LABEL = {"hot_set": "hot set + one-off pages", "zipf": "Zipf documents", "multi_turn": "multi-turn chats"}
+
+
+def retention_table(sec: Any) -> list[str]:
+    out = ["### Retention in a full store (returning pages served)", ""]
+    if not section_ok(sec):
+        return out + [f"not measured: {section_status(sec)}", ""]
+    out += ["Same trace and capacity for each; hit rate = pages served from storage / pages asked for again. "
+            "Exact LRU and Belady's optimum are computed offline (the limit).", "",
+            "| trace | capacity (share of working set) | LifeboatCache | SGLang `file` (LRU) | exact LRU "
+            "| Belady | bytes written, LifeboatCache / file | rewritten to keep read pages |",
+            "|---|---|---|---|---|---|---|---|"]
+    for c in sec["cases"]:
+        lb, fl = c["lifeboat"], c["file"]
+        policy = lb.get("policy", {})
+        out.append(f"| {TRACE_LABEL.get(c['trace'], c['trace'])} | {c['fraction']:.0%} ({c['capacity_pages']} pages) "
+                   f"| {lb['hit_rate']:.3f} | {fl['hit_rate']:.3f} | {c['lru']:.3f} | {c['belady']:.3f} "
+                   f"| {lb['written_bytes'] / max(1, fl['written_bytes']):.2f}x "
+                   f"| {policy.get('retention_rewritten_bytes', 0) / 2**20:.1f} MiB |")
+    h = sec.get("hot_set_restart")
+    if h:
+        out += ["", f"The issue's case (24 hot + 24 one-off pages of 128 KiB a round, capacity 96 pages, a clean "
+                    f"restart halfway): LifeboatCache served {h['lifeboat']['hit_rate']:.1%} of the hot pages "
+                    f"({h['lifeboat']['hit_rate_after_restart']:.1%} after the restart), `file` "
+                    f"{h['file']['hit_rate']:.1%} ({h['file']['hit_rate_after_restart']:.1%}); bytes written "
+                    f"{h['written_ratio']:.2f}x file's."]
+    return out + [""]
+
+
+def plot_retention(ax: Any, sec: dict[str, Any]) -> None:
+    colors = {"hot_set": "tab:green", "zipf": "tab:blue", "multi_turn": "tab:orange"}
+    styles = (("lifeboat", "LifeboatCache", "-", "o"), ("file", "SGLang file (LRU)", "--", "s"),
+              ("belady", "Belady (offline limit)", ":", None))
+    for trace, color in colors.items():
+        rows = [c for c in sec["cases"] if c["trace"] == trace]
+        if not rows:
+            continue
+        xs = [c["fraction"] * 100 for c in rows]
+        for key, name, ls, marker in styles:
+            ys = [c[key]["hit_rate"] if isinstance(c[key], dict) else c[key] for c in rows]
+            ax.plot(xs, ys, linestyle=ls, marker=marker, color=color, label=f"{TRACE_LABEL[trace]}: {name}")
+    ax.set_xlabel("capacity, % of the trace's working set")
+    ax.set_ylabel("returning pages served from storage (hit rate)")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=6, loc="lower right")

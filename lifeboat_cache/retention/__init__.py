@@ -1,0 +1,17 @@
+"""Retention: which records a full store keeps. Knows nothing of tiers; they ask it what to evict.
+
+  access.py      AccessTable: reads per record since written or kept (capped), queue positions of units
+  policy.py      choose(): evict, keep whole or reinsert the unit at the queue's head; RewriteBudget
+  state_file.py  the AccessTable on disk (one file per process, merged by the others): encode / decode
+"""
+
+from __future__ import annotations
+
+from .access import HIT_CAP, AccessTable
+from .policy import EVICT, KEEP, KEEP_WHOLE_SHARE, REINSERT, REWRITE_SHARE, RewriteBudget, choose
+from .state_file import MAX_BYTES as STATE_MAX_BYTES, decode, encode
+
+__all__ = [
+    "EVICT", "HIT_CAP", "KEEP", "KEEP_WHOLE_SHARE", "REINSERT", "REWRITE_SHARE", "STATE_MAX_BYTES", "AccessTable",
+    "RewriteBudget", "choose", "decode", "encode",
+]

@@ -1,0 +1,106 @@
+"""What retention knows: reads per record since it was written or last kept, and each unit's queue place.
+
+Counts are capped (HIT_CAP) and go down by one each time their unit passes the head of the queue and
+is kept (the clock hand of CLOCK, per record): a record read often outlives one read once, and one
+never read again goes after HIT_CAP passes. Everything here is a hint: a lost or stale count costs a
+miss or a rewrite, never a wrong page (what is served is always verified).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterable
+
+HIT_CAP = 2
+
+
+class AccessTable:
+    """Per unit name: record offset -> reads (1..HIT_CAP), and the queue position of units kept whole.
+
+    Thread-safe: io threads count hits while the evictor reads and the publisher exports.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hits: dict[str, dict[int, int]] = {}
+        self._order: dict[str, int] = {}
+        self.version = 0  # bumped on every change: a publisher saves only when it moved
+
+    def hit(self, unit: str, offset: int) -> None:
+        """Count one read of the record at `offset` of `unit`."""
+        with self._lock:
+            counts = self._hits.setdefault(unit, {})
+            c = counts.get(offset, 0)
+            if c < HIT_CAP:
+                counts[offset] = c + 1
+                self.version += 1
+
+    def hits_of(self, unit: str) -> dict[int, int]:
+        """The read counts of a unit's records (a copy; records never read are absent)."""
+        with self._lock:
+            return dict(self._hits.get(unit, {}))
+
+    def position(self, unit: str, default: int) -> int:
+        """The unit's place in the queue: where it was put when kept whole, else `default` (its age)."""
+        with self._lock:
+            return self._order.get(unit, default)
+
+    def keep(self, unit: str, position: int) -> None:
+        """The unit was kept whole: it goes to `position` and each of its counts down by one."""
+        with self._lock:
+            counts = self._hits.get(unit, {})
+            self._hits[unit] = {o: c - 1 for o, c in counts.items() if c > 1}
+            self._order[unit] = position
+            self.version += 1
+
+    def place(self, unit: str, position: int) -> None:
+        """Put a unit at `position` in the queue (a segment of reinserted records goes to the tail)."""
+        with self._lock:
+            self._order[unit] = max(position, self._order.get(unit, position))
+            self.version += 1
+
+    def carry(self, unit: str, counts: dict[int, int]) -> None:
+        """Records moved into `unit` keep these counts (already lowered by the caller)."""
+        if not counts:
+            return
+        with self._lock:
+            mine = self._hits.setdefault(unit, {})
+            for o, c in counts.items():
+                if c > mine.get(o, 0):
+                    mine[o] = min(c, HIT_CAP)
+            self.version += 1
+
+    def forget(self, units: Iterable[str]) -> None:
+        """Drop what is known of units that are gone (evicted, vanished)."""
+        with self._lock:
+            for u in units:
+                self._hits.pop(u, None)
+                self._order.pop(u, None)
+            self.version += 1
+
+    def merge(self, hits: dict[str, dict[int, int]], order: dict[str, int]) -> None:
+        """Fold in what another process published (or an earlier run saved): the larger count and the
+        later position win, so a merge never makes a record look colder than either side saw it."""
+        with self._lock:
+            for u, counts in hits.items():
+                mine = self._hits.setdefault(u, {})
+                for o, c in counts.items():
+                    if c > mine.get(o, 0):
+                        mine[o] = min(c, HIT_CAP)
+            for u, p in order.items():
+                if p > self._order.get(u, p - 1):
+                    self._order[u] = p
+            self.version += 1
+
+    def export(self, units: set[str] | None = None) -> tuple[dict[str, dict[int, int]], dict[str, int]]:
+        """(hits, order) copies, limited to `units` when given (the live ones)."""
+        with self._lock:
+            keep = (lambda u: True) if units is None else units.__contains__
+            hits = {u: dict(c) for u, c in self._hits.items() if c and keep(u)}
+            order = {u: p for u, p in self._order.items() if keep(u)}
+            return hits, order
+
+    def read_records(self) -> int:
+        """Records with at least one read not yet used up (what `stats` reports as hot)."""
+        with self._lock:
+            return sum(len(c) for c in self._hits.values())

@@ -1,0 +1,166 @@
+"""Retention in a full segment directory: records read since they were written outlive one-off ones,
+across a restart and from another process's reads, within the rewrite budget, and reinserted records
+keep the age of their first write."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from support.chunks import local_settings as settings, page
+
+from lifeboat_cache import ChunkStore, namespace_fingerprint
+from lifeboat_cache.records import digests
+from lifeboat_cache.tiers.segments import unit_ms
+
+NS = namespace_fingerprint(model="test", dtype="bfloat16", page_size=64)
+HOT = 24
+PAGE = 16384  # support.chunks.page(): 8192 u16
+
+
+def _serve(st: ChunkStore, ks: list[str], seeds: list[int]) -> int:
+    """Read `ks` back; count pages served byte-exact (a wrong page fails the test)."""
+    bufs = [np.empty(8192, np.uint16) for _ in ks]
+    ok = st.get_into(NS, ks, bufs)
+    for good, b, s in zip(ok, bufs, seeds):
+        assert not good or np.array_equal(b, page(s)), "a wrong page was served"
+    return sum(ok)
+
+
+def _round(st: ChunkStore, r: int, *, read_hot: bool = True, one_off: int = HOT) -> int:
+    """One round of the issue's traffic: ask for the hot pages (write back what missed), then write
+    `one_off` new pages, interleaved with nothing hot so segments hold one kind. Returns hot served."""
+    hot = [f"hot{i}" for i in range(HOT)]
+    served = 0
+    if read_hot:
+        served = _serve(st, hot, list(range(HOT)))
+        st.put(NS, hot, [page(i) for i in range(HOT)])
+    ks = [f"once{r}-{i}" for i in range(one_off)]
+    st.put(NS, ks, [page(10_000 + r * 100 + i) for i in range(one_off)])
+    return served
+
+
+def _dir(st: ChunkStore):  # type: ignore[no-untyped-def]
+    return st.tiers[0].dirs[0]
+
+
+def test_hot_pages_beside_a_stream_of_one_off_pages_are_always_served(tmp_path: Path) -> None:
+    """Capacity 96 pages, 24 hot + 24 one-off pages a round (the issue's case): first-in-first-out lost
+    28% of the hot pages; retention serves every one after the first round."""
+    s = settings(tmp_path, capacity=f"{96 * PAGE + 96 * 128}B")
+    with ChunkStore.open(s, background=False) as st:
+        served = [_round(st, r) for r in range(30)]
+        t = st.stats()["tiers"][0]
+    assert served[0] == 0 and served[1:] == [HOT] * 29, served
+    assert t["evicted_unread_records"] >= 24 * 20, t  # the one-off pages went
+    assert t["retention_kept_segments"] + t["retention_reinserted_records"] > 0, t
+    assert t["usage_bytes"] <= t["capacity_bytes"], t
+
+
+def test_mixed_segments_reinsert_the_read_records_and_keep_their_first_write_age(tmp_path: Path) -> None:
+    """Hot pages written in the same segments as twice as many one-off ones: evicting such a segment
+    rewrites its read records (reinsertion), within the rewrite budget, into segments named no younger
+    than the records' first write, so max_age and `purge --older-than` still see their real age."""
+    s = settings(tmp_path, capacity=f"{96 * PAGE + 96 * 128}B")
+    hot = [f"hot{i}" for i in range(HOT)]
+    with ChunkStore.open(s, background=False) as st:
+        first = int(time.time() * 1000)
+        for i in range(HOT):  # one hot page between two one-off pages
+            st.put(NS, [f"a{i}", hot[i], f"b{i}"], [page(50_000 + i), page(i), page(60_000 + i)])
+        written = int(time.time() * 1000)
+        served = []
+        for r in range(25):
+            served.append(_serve(st, hot, list(range(HOT))))
+            st.put(NS, hot, [page(i) for i in range(HOT)])
+            ks = [f"once{r}-{i}" for i in range(HOT)]
+            st.put(NS, ks, [page(10_000 + r * 100 + i) for i in range(HOT)])
+        d = _dir(st)
+        t = st.stats()["tiers"][0]
+        homes = {d.unit_name(loc.unit) for loc in d.index.get_many(digests(NS, hot)[1])
+                 if loc is not None}
+    assert served[1:] == [HOT] * 24, served
+    assert t["retention_reinserted_records"] > 0 and t["retention_rewritten_bytes"] > 0, t
+    # bytes rewritten stay within the budget: a quarter of what callers wrote plus one segment
+    assert t["retention_rewritten_bytes"] <= 0.25 * (25 * 2 + 3) * HOT * PAGE * 1.01 + d.segment_bytes, t
+    assert homes and all(unit_ms(n) <= written for n in homes if n is not None), (homes, first, written)
+
+
+def test_what_was_hot_before_a_clean_restart_is_still_hot_after_it(tmp_path: Path) -> None:
+    """Read the hot pages, close, reopen, then write one-off pages only (no read) for more than the
+    capacity: the hot pages are still there, because the read counts were saved at close. The same
+    run without the saved state loses them: the state file is what carries it."""
+    cap = 96 * PAGE + 96 * 128
+
+    def run(root: Path, keep_state: bool) -> int:
+        s = settings(root, capacity=f"{cap}B")
+        with ChunkStore.open(s, background=False) as st:
+            for r in range(6):
+                _round(st, r)
+        store = Path(s.storage[0].paths[0])
+        states = list(store.glob("retention-*.state"))
+        assert len(states) == 1, "close publishes this process's retention state"
+        if not keep_state:
+            states[0].unlink()
+        with ChunkStore.open(s, background=False) as st:
+            for r in range(6, 10):  # 96 one-off pages: a full pass of the queue, nothing read
+                _round(st, r, read_hot=False)
+            return _serve(st, [f"hot{i}" for i in range(HOT)], list(range(HOT)))
+
+    assert run(tmp_path / "kept", keep_state=True) == HOT
+    assert run(tmp_path / "lost", keep_state=False) < HOT // 2
+
+
+CHILD = """
+import sys, numpy as np
+sys.path.insert(0, sys.argv[2])
+from support.chunks import page
+from lifeboat_cache import ChunkStore, namespace_fingerprint
+from lifeboat_cache.records import digests
+from lifeboat_cache.config import load_settings
+ns = namespace_fingerprint(model="test", dtype="bfloat16", page_size=64)
+st = ChunkStore.open(load_settings(sys.argv[1]), background=False)
+for _ in range(2):
+    bufs = [np.empty(8192, np.uint16) for _ in range(24)]
+    assert all(st.get_into(ns, [f"hot{i}" for i in range(24)], bufs))
+st.close()
+"""
+
+
+def test_another_process_reads_count_and_its_state_file_goes_once_absorbed(tmp_path: Path) -> None:
+    """Pages read only by another process (a child that exits) are kept by this process's eviction;
+    the dead process's state file is removed once its counts are in this process's own file."""
+    cap = 96 * PAGE + 96 * 128
+    s = settings(tmp_path, capacity=f"{cap}B")
+    cfg = tmp_path / "lifeboat.yaml"
+    store = Path(s.storage[0].paths[0])
+    cfg.write_text(f"storage:\n  - type: local\n    path: {store}\n    capacity: {cap}B\n")
+    with ChunkStore.open(s, background=False) as st:
+        st.put(NS, [f"hot{i}" for i in range(HOT)], [page(i) for i in range(HOT)])
+    tests_dir = Path(__file__).resolve().parents[3]
+    path = os.pathsep.join([str(tests_dir.parent), os.environ.get("PYTHONPATH", "")])
+    subprocess.run([sys.executable, "-c", CHILD, str(cfg), str(tests_dir)], check=True, timeout=120,
+                   env=dict(os.environ, PYTHONPATH=path))
+    theirs = set(store.glob("retention-*.state"))
+    assert len(theirs) == 1
+    with ChunkStore.open(s, background=False) as st:
+        for r in range(5):  # 120 one-off pages, none of the hot ones read here
+            _round(st, r, read_hot=False)
+        got = _serve(st, [f"hot{i}" for i in range(HOT)], list(range(HOT)))
+    assert got == HOT
+    left = set(store.glob("retention-*.state"))
+    assert not (theirs & left) and len(left) == 1, (theirs, left)
+
+
+def test_a_damaged_state_file_is_ignored(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    s = settings(tmp_path, capacity=f"{96 * PAGE + 96 * 128}B")
+    store = Path(s.storage[0].paths[0])
+    store.mkdir(parents=True, exist_ok=True)
+    (store / "retention-otherhost-1-abc.state").write_bytes(b"LBRT" + os.urandom(200))
+    with ChunkStore.open(s, background=False) as st:
+        served = [_round(st, r) for r in range(8)]
+    assert served[1:] == [HOT] * 7
+    assert "ignoring retention state retention-otherhost-1-abc.state" in caplog.text
