@@ -55,6 +55,7 @@ class LaunchFacts:
     hicache_size: int = 0
     hicache_ratio: Optional[float] = None
     write_policy: str = "write_through"
+    write_policy_given: bool = False  # the launch typed --hicache-write-policy (a flag beats the environment)
     enable_hierarchical_cache: bool = False
     storage_backend: Optional[str] = None
     extra_config: Optional[Mapping[str, Any]] = None
@@ -172,9 +173,9 @@ def plan_launch_tuning(
 ) -> LaunchPlan:
     """Decide a CUDA launch's LifeboatCache settings; untouched (inactive) unless LifeboatCache is in use.
 
-    Precedence, per setting: the launch's own flag > LIFEBOAT_SGLANG_* > LifeboatCache default, except
-    the write policy, where a set LIFEBOAT_SGLANG_WRITE_POLICY replaces the launch's policy (the
-    product promise: "the launch's policy unless LIFEBOAT_SGLANG_WRITE_POLICY is set").
+    Precedence, for every setting: the launch's own flag > LIFEBOAT_SGLANG_* > LifeboatCache default
+    (as everywhere in SGLang, a flag on the command line beats an environment variable); each decision
+    says which source won, and an environment value a flag overrode is named as ignored.
     `gpu_memory_bytes` is only called for LIFEBOAT_SGLANG_HOST_GB=auto. Raises ConfigError for an
     invalid environment value, naming the variable and the allowed values.
     """
@@ -319,7 +320,14 @@ def plan_launch_tuning(
             )
 
     # Write policy.
-    if env_policy is not None:
+    if env_policy is not None and facts.write_policy_given:
+        ignored = f"; {ENV_WRITE_POLICY}={env_policy} ignored: a flag beats the environment"
+        decisions.append(Decision("write policy", facts.write_policy,
+                                  f"the launch gave --hicache-write-policy{ignored if env_policy != facts.write_policy else ''}"))
+        if env_policy != facts.write_policy:
+            warnings.append(f"--hicache-write-policy {facts.write_policy} beats {ENV_WRITE_POLICY}={env_policy} "
+                            "(a flag beats the environment); unset the variable or drop the flag")
+    elif env_policy is not None:
         fields = {"hicache_write_policy": env_policy} if env_policy != facts.write_policy else {}
         decisions.append(
             Decision("write policy", env_policy, f"{ENV_WRITE_POLICY}; launch had {facts.write_policy}", fields)

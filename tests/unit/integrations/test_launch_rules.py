@@ -426,3 +426,18 @@ def test_decision_is_frozen() -> None:
     d = rules.Decision("page size", 64, "why", {"page_size": 64})
     with pytest.raises(Exception):
         d.value = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("launch_policy", env.WRITE_POLICIES)
+@pytest.mark.parametrize("env_policy", env.WRITE_POLICIES)
+def test_a_typed_write_policy_beats_the_environment(launch_policy: str, env_policy: str) -> None:
+    """`--hicache-write-policy` on the command line was replaced by LIFEBOAT_SGLANG_WRITE_POLICY: a flag must
+    beat an environment variable, as everywhere in SGLang, and the log must say which won."""
+    plan = plan_launch_tuning(facts(write_policy=launch_policy, write_policy_given=True),
+                              {rules.ENV_WRITE_POLICY: env_policy}, no_gpu)
+    decision = next(d for d in plan.decisions if d.what == "write policy")
+    assert decision.value == launch_policy and "hicache_write_policy" not in plan.fields
+    assert "the launch gave --hicache-write-policy" in decision.why
+    if env_policy != launch_policy:
+        assert f"LIFEBOAT_SGLANG_WRITE_POLICY={env_policy} ignored" in decision.why
+        assert any("a flag beats the environment" in w for w in plan.warnings)
