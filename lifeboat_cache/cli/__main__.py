@@ -2,6 +2,6 @@
 
 import sys
 
-from .commands import main
+from .parser import main
 
 sys.exit(main())

@@ -269,6 +269,15 @@ class ChunkStore:
         stats` with encryption on). Reads each record's header; changes nothing."""
         return maint.pages_by_key_id(self.tiers)
 
+    def pages_by_namespace(self) -> dict[str, dict[str, Any]]:
+        """Namespace (hex) -> pages present now, their stored bytes and pages per tier (`lifeboat ls`).
+        Reads each record's header; changes nothing."""
+        return maint.pages_by_namespace(self.tiers)
+
+    def count_records(self, match: Callable[[Header, str], bool]) -> list[int]:
+        """Per tier: indexed pages whose header and unit name `match` accepts (`lifeboat purge`)."""
+        return maint.count_records(self.tiers, match)
+
     def drop_unreadable(self) -> int:
         """Drop (quarantine) every record none of the configured keys opens: sealed with a key no
         longer configured (rotated out, shredded), or plaintext while sealed records are required.

@@ -185,3 +185,12 @@ def test_capacity_smaller_than_one_segment_is_refused():
     s = settings_from_dict({"storage": [{"type": "local", "path": "/x", "capacity": "1MiB"},
                                         {"type": "s3", "bucket": "b", "capacity": "64KiB"}]})
     assert s.storage[0].capacity_bytes == 1 << 20 and s.storage[1].capacity_bytes == 64 << 10
+
+
+def test_an_empty_config_file_is_an_error_naming_it(tmp_path):
+    """An empty lifeboat.yaml silently meant the default store (~/.cache/lifeboat)."""
+    for text in ("", "# only a comment\n"):
+        p = tmp_path / "lifeboat.yaml"
+        p.write_text(text)
+        with pytest.raises(ConfigError, match=f"{p}: the config file is empty"):
+            load_settings(p)
