@@ -78,7 +78,8 @@ def snapshot_saves(recs: list[dict[str, Any]]) -> dict[str, dict[str, int | None
             d = out.setdefault(str(t.get("tier")), {"snapshot_saves": 0, "snapshot_save_failures": 0,
                                                      "snapshot_save_ms": None})
             d["snapshot_saves"] = int(d["snapshot_saves"] or 0) + int(t.get("snapshot_saves") or 0)
-            d["snapshot_save_failures"] = int(d["snapshot_save_failures"] or 0) + int(t.get("snapshot_save_failures") or 0)
+            failures = int(t.get("snapshot_save_failures") or 0)
+            d["snapshot_save_failures"] = int(d["snapshot_save_failures"] or 0) + failures
             if t.get("snapshot_saves"):
                 d["snapshot_save_ms"] = int(t.get("snapshot_save_ms") or 0)
     return out

@@ -113,6 +113,7 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
         hicache_ratio=cfg.hicache_ratio,
         write_policy=cfg.hicache_write_policy,
         write_policy_given=_flag_given(server_args, "hicache_write_policy", "write_through"),
+        max_total_tokens=cfg.max_total_tokens,
         enable_hierarchical_cache=bool(cfg.enable_hierarchical_cache),
         storage_backend=cfg.hicache_storage_backend,
         extra_config=extra_config,

@@ -25,7 +25,8 @@ from .trailer import (
 
 __all__ = [
     "DIGEST_CACHE_ENTRIES", "DTYPE_CODES", "DTYPE_ITEMSIZE", "DTYPE_NAMES", "DigestCache", "Entry", "FOOTER",
-    "FINGERPRINT_BYTES", "FOOTER_MAGIC", "FOOTER_SIZE", "HEADER_SIZE", "Header", "MAGIC", "NONCE_BYTES", "NS_AT", "OPENABLE_REASONS",
+    "FINGERPRINT_BYTES", "FOOTER_MAGIC", "FOOTER_SIZE", "HEADER_SIZE", "Header", "MAGIC", "NONCE_BYTES", "NS_AT",
+    "OPENABLE_REASONS",
     "PLANES", "PURGE_NAME", "PurgeRules", "Record", "RecordError", "SEAL_OVERHEAD", "Sealer", "TABLE_ENTRY",
     "TABLE_MAGIC", "TAG_BYTES", "UNKNOWN_KEY", "UNSEALED", "append_rules", "as_bytes_view", "build_record",
     "build_trailer", "decode_into", "digests", "dtype_code", "index_key", "key_digest", "key_id_text", "load_rules",

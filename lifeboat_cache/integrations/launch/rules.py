@@ -21,7 +21,7 @@ from .env import (
     parse_host_gb, parse_page_size, parse_staging_tokens, parse_write_policy, parse_zero_copy)
 from .sizing import (
     BACKEND_NAME, DEFAULT_HOST_MAX_GB, DEFAULT_HOST_MIN_GB, DEFAULT_PAGE_SIZE, DEFAULT_STAGING_TOKENS, GB, GIB,
-    HOST_RESERVE_BYTES, SGLANG_STAGING_PAGE_CHUNK, auto_host_pool_gb, backend_extra_config_json,
+    HOST_RESERVE_BYTES, SGLANG_STAGING_PAGE_CHUNK, auto_host_pool_gb, backend_extra_config_json, cpu_token_pool_warning,
     default_host_pool_gb, is_lifeboat_extra_config, staging_pages)
 
 
@@ -55,6 +55,7 @@ class LaunchFacts:
     hicache_size: int = 0
     hicache_ratio: Optional[float] = None
     write_policy: str = "write_through"
+    max_total_tokens: Optional[int] = None  # --max-total-tokens (None: SGLang sizes the token pool itself)
     write_policy_given: bool = False  # the launch typed --hicache-write-policy (a flag beats the environment)
     enable_hierarchical_cache: bool = False
     storage_backend: Optional[str] = None
@@ -321,9 +322,9 @@ def plan_launch_tuning(
 
     # Write policy.
     if env_policy is not None and facts.write_policy_given:
-        ignored = f"; {ENV_WRITE_POLICY}={env_policy} ignored: a flag beats the environment"
-        decisions.append(Decision("write policy", facts.write_policy,
-                                  f"the launch gave --hicache-write-policy{ignored if env_policy != facts.write_policy else ''}"))
+        ignored = (f"; {ENV_WRITE_POLICY}={env_policy} ignored: a flag beats the environment"
+                   if env_policy != facts.write_policy else "")
+        decisions.append(Decision("write policy", facts.write_policy, f"the launch gave --hicache-write-policy{ignored}"))
         if env_policy != facts.write_policy:
             warnings.append(f"--hicache-write-policy {facts.write_policy} beats {ENV_WRITE_POLICY}={env_policy} "
                             "(a flag beats the environment); unset the variable or drop the flag")
@@ -337,6 +338,9 @@ def plan_launch_tuning(
 
     if is_cpu_launch(facts):
         decisions += [cpu_layout_decision(facts), cpu_prefetch_decision(facts)]
+        tight = cpu_token_pool_warning(facts.available_ram_bytes, facts.hicache_size or int(chosen or 0),
+                                       facts.max_total_tokens)
+        warnings += [tight] if tight else []
     else:
         decisions.append(layout_decision(facts.mem_layout, facts.io_backend))
 

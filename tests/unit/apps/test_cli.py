@@ -173,7 +173,7 @@ def test_progress_never_writes_frames_into_a_redirected_file(tmp_path):
         r = subprocess.run([sys.executable, "-m", "lifeboat_cache.cli", "verify", "--config", str(cfg)],
                            stdout=subprocess.PIPE, stderr=err, text=True)
     assert r.returncode == 0 and "verified 20 records" in r.stdout
-    assert "\r" not in (tmp_path / "err.txt").read_text()
+    assert b"\r" not in (tmp_path / "err.txt").read_bytes()  # bytes: text mode would read \r as \n
 
 
 def test_ctrl_c_ends_with_130_and_no_traceback(tmp_path, capsys, monkeypatch):
