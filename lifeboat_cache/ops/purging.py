@@ -81,7 +81,7 @@ def resolve(settings: Settings, *, models: list[str] | None = None, namespaces: 
             continue
         hits = [ns for ns in known if ns.startswith(t)]
         if len(hits) != 1:
-            why = "matches no namespace in the stats files" if not hits else f"is ambiguous ({len(hits)} match)"
+            why = "matches no namespace" if not hits else f"is ambiguous ({len(hits)} match)"
             raise ConfigError(f"--namespace {text!r} {why} in the store or the stats files; give the full 32 hex "
                               "characters (`lifeboat ls --json`)")
         req.namespaces.append(bytes.fromhex(hits[0]))
