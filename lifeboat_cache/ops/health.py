@@ -7,7 +7,7 @@ first and fails (naming the tier and the cause) instead of reporting figures of 
 
 Two halves: `path_problems` looks at the local / nfs directories before a store is opened (so that a
 maintenance open never creates a directory that was not there), `tier_health` asks each opened tier
-(an S3 tier: did its listing work, and what was the last failure).
+that declares `Probing` (S3: one 1-key listing; its error is the cause shown).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
+from ..tiers import Probing
 
 if TYPE_CHECKING:
     from ..store import ChunkStore
@@ -81,8 +82,8 @@ def path_problems(settings: Settings, *, write: bool = False) -> list[TierHealth
 def tier_health(store: "ChunkStore", known: list[TierHealth] | None = None) -> list[TierHealth]:
     """Per opened tier (the store's order is the config's): reachable or not and the last error.
 
-    An S3 tier is reachable when its listing worked (a store opened with background=False has tried
-    once); a local / nfs tier when `known` (path_problems) names no problem for it."""
+    A tier that declares `Probing` (S3) is asked once now; a local / nfs tier is reachable when `known`
+    (path_problems, run before the open) names no problem for it."""
     bad = {h.where: h for h in known or []}
     out = []
     for i, tier in enumerate(store.tiers):
@@ -90,9 +91,11 @@ def tier_health(store: "ChunkStore", known: list[TierHealth] | None = None) -> l
         if where in bad:
             out.append(TierHealth(where, tier.name, False, bad[where].error))
             continue
-        st = tier.stats()
-        if "listed_ok" in st and not st["listed_ok"]:
-            out.append(TierHealth(where, tier.name, False, st.get("last_error") or "the listing has not worked yet"))
-        else:
-            out.append(TierHealth(where, tier.name, True, None))
+        error = None
+        if isinstance(tier, Probing):  # one cheap request (S3: a 1-key listing); its failure is the cause
+            try:
+                tier.probe()
+            except OSError as e:
+                error = str(e)
+        out.append(TierHealth(where, tier.name, error is None, error))
     return out

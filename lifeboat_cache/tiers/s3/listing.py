@@ -56,7 +56,6 @@ class Lister:
     closed: threading.Event
     newest_ms: int = field(default=0, init=False)
     listed_ok: bool = field(default=False, init=False)
-    last_error: str | None = field(default=None, init=False)  # the last listing's failure; None once one works
     last_full: float = field(default=0.0, init=False)
     _list_failing: LogOnce = field(default_factory=lambda: LogOnce(log), init=False)  # one line per outage
 
@@ -74,14 +73,12 @@ class Lister:
             self.full_refresh() if full else self.incremental_refresh()
         except OSError as e:
             self.counters.add("list_errors")
-            self.last_error = str(e)  # S3Error: credentials already scrubbed
             self._list_failing.log("list", "lifeboat: listing %s failed (%s); retrying every %.0f s", self.name, e,
                                    self.refresh_interval_s)
             return
         except Exception:
             log.exception("lifeboat: index refresh of %s failed", self.name)
             return
-        self.last_error = None
         if self._list_failing.reset("list"):
             log.info("lifeboat: listing %s works again", self.name)
 

@@ -294,8 +294,7 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging):
         out = super().stats()
         invalid, retrying = self.objects.bad_counts()
         out.update(objects=len(self.objects), invalid_objects=invalid, retrying_objects=retrying)
-        out.update(pages=len(self.index), rebuilt=self._rebuilt.is_set(), listed_ok=self.lister.listed_ok,
-                   last_error=self.lister.last_error)
+        out.update(pages=len(self.index), rebuilt=self._rebuilt.is_set(), listed_ok=self.lister.listed_ok)
         out.update(self.counters.snapshot())
         return out
 
