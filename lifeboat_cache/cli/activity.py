@@ -1,5 +1,6 @@
-"""What serving processes did, from their stats files only (`stats` and `ls` never write to the store):
-the activity part of `lifeboat stats` and the whole of `lifeboat ls`."""
+"""What is in the store and what serving processes did (`stats` and `ls` never write to the store):
+the activity part of `lifeboat stats` (stats files) and `lifeboat ls` (the store's record headers,
+labelled from the stats files)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import time
 from typing import Any
 
-from ..config import ConfigError, Settings, format_size, load_settings
+from ..config import Settings, format_size
+from .checked import open_checked
+from .errors import EXIT_OK, UsageError
 
 AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -24,7 +27,7 @@ def parse_since(text: str) -> float:
     except ValueError:
         v = -1.0
     if v <= 0:
-        raise ConfigError(f"--since {text!r}: expected an age such as 30m, 24h or 7d")
+        raise UsageError(f"--since {text!r}: expected a positive age such as 30m, 24h or 7d")
     return v
 
 
@@ -48,6 +51,7 @@ def collect_activity(settings: Settings, since_s: float, now: float | None = Non
                     cooldowns.append({"tier": t["tier"], "op": op, "pid": r.get("pid"), "host": r.get("host")})
     raw, stored = c.get("bytes_written_raw", 0), c.get("bytes_written_stored", 0)
     return {
+        "tier_snapshots": snapshot_saves(recs),
         "stats_dir": str(directory),
         "processes": {"live": len(live), "recent": len(recs) - len(live), "since_s": since_s},
         "activity": {
@@ -63,6 +67,22 @@ def collect_activity(settings: Settings, since_s: float, now: float | None = Non
         "cooldowns": cooldowns,
         "last_error": max(errors, key=lambda e: e["time"]) if errors else None,
     }
+
+
+def snapshot_saves(recs: list[dict[str, Any]]) -> dict[str, dict[str, int | None]]:
+    """Per tier name: index snapshot saves and failures summed over the processes' stats files, and the
+    newest file's last save time (ms; None when no process saved one)."""
+    out: dict[str, dict[str, int | None]] = {}
+    for r in sorted(recs, key=lambda r: float(r.get("updated", 0))):
+        for t in r.get("tiers") or []:
+            d = out.setdefault(str(t.get("tier")), {"snapshot_saves": 0, "snapshot_save_failures": 0,
+                                                     "snapshot_save_ms": None})
+            d["snapshot_saves"] = int(d["snapshot_saves"] or 0) + int(t.get("snapshot_saves") or 0)
+            failures = int(t.get("snapshot_save_failures") or 0)
+            d["snapshot_save_failures"] = int(d["snapshot_save_failures"] or 0) + failures
+            if t.get("snapshot_saves"):
+                d["snapshot_save_ms"] = int(t.get("snapshot_save_ms") or 0)
+    return out
 
 
 def _pct_of(h: dict[str, Any], q: float) -> str:
@@ -101,37 +121,65 @@ def print_activity(stats: dict[str, Any]) -> None:
     print_namespaces(stats["namespaces"], indent="  ")
 
 
-def print_namespaces(namespaces: dict[str, dict[str, Any]], indent: str = "") -> None:
+def print_namespaces(namespaces: dict[str, dict[str, Any]], indent: str = "", present: bool = False) -> None:
+    """One row per namespace. `present`: PAGES and BYTES are what the store holds now (`ls`), else what
+    serving processes wrote (`stats`). The MODEL column is as wide as the longest id: never cut."""
     if not namespaces:
-        print(f"{indent}namespaces: none written by a serving process yet")
+        print(f"{indent}namespaces: " + ("none: the store holds no page" if present else
+                                         "none written by a serving process yet"))
         return
     rows = sorted(namespaces.items(), key=lambda kv: (kv[1]["labels"].get("model", ""), kv[0]))
-    print(f"{indent}{'MODEL':<32} {'POOL/KIND':<12} {'RANK':<5} {'NAMESPACE':<17} {'PAGES':>9} "
+    width = max([5] + [len(d["labels"].get("model", "?")) for _, d in rows])
+    pages, size = ("pages", "stored_bytes") if present else ("pages_written", "bytes_written")
+    print(f"{indent}{'MODEL':<{width}} {'POOL/KIND':<12} {'RANK':<5} {'NAMESPACE':<17} {'PAGES':>9} "
           f"{'BYTES':>11}  LAST WRITE")
     for ns, d in rows:
         lab = d["labels"]
-        print(f"{indent}{lab.get('model', '?')[-32:]:<32} {lab.get('pool', lab.get('kind', '-')):<12} "
-              f"{lab.get('rank', '-'):<5} {ns[:16]:<17} {d['pages_written']:>9} "
-              f"{format_size(d['bytes_written'], 1):>11}  {_when(d['last_write'])}")
+        print(f"{indent}{lab.get('model', '?'):<{width}} {lab.get('pool', lab.get('kind', '-')):<12} "
+              f"{lab.get('rank', '-'):<5} {ns[:16]:<17} {d.get(pages, 0):>9} "
+              f"{format_size(d.get(size, 0), 1):>11}  {_when(d.get('last_write'))}")
+
+
+def list_namespaces(present: dict[str, dict[str, Any]], written: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every namespace with pages in the store now, labelled (model, pool, rank) and with its writes from
+    the stats files where a serving process wrote it; `?` for pages written through the Python API."""
+    out = {}
+    for ns, d in present.items():
+        w = written.get(ns, {})
+        out[ns] = {"labels": w.get("labels", {}), "pages": d["pages"], "stored_bytes": d["stored_bytes"],
+                   "tiers": d["tiers"], "pages_written": w.get("pages_written", 0),
+                   "bytes_written": w.get("bytes_written", 0), "last_write": w.get("last_write")}
+    return out
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    """Models / namespaces with pages, bytes and last write, from the serving processes' stats files."""
+    """Namespaces with the pages and bytes the store holds now, read from the record headers of every
+    tier (pages written through the Python API included), labelled from the serving processes' stats files."""
     from ..ops import merge_namespaces, read_stats_files, stats_dir
 
-    settings = load_settings(args.config)
-    directory = stats_dir(settings)
-    namespaces = merge_namespaces(read_stats_files(directory))
+    store, _ = open_checked(args, read_only=True)
+    with store:
+        present = store.pages_by_namespace()
+    directory = stats_dir(store.settings)
+    namespaces = list_namespaces(present, merge_namespaces(read_stats_files(directory)))
     if args.json:
-        print(json.dumps({"stats_dir": str(directory), "namespaces": namespaces}, indent=2))
-        return 0
-    print(f"store: {settings.source}; pages and bytes written per namespace (stats files in {directory})")
-    print_namespaces(namespaces)
-    return 0
+        print(json.dumps({"config": store.settings.source, "stats_dir": str(directory), "namespaces": namespaces},
+                         indent=2))
+        return EXIT_OK
+    print(f"store: {store.settings.source}; pages and bytes held now per namespace (labels from the stats files "
+          f"in {directory})")
+    print_namespaces(namespaces, present=True)
+    return EXIT_OK
 
 
-def add_ls_parser(sub: Any) -> None:
-    sp = sub.add_parser("ls", help="models / namespaces with pages, bytes and last write")
+def add_ls_parser(sub: Any) -> argparse.ArgumentParser:
+    sp = sub.add_parser(
+        "ls", help="namespaces with the pages and bytes the store holds now",
+        description="One row per namespace with pages in the store now (read from every record header, so "
+                    "pages written through the Python API are listed too, with model '?'): model, pool or kind, "
+                    "rank, namespace, pages and bytes held, last write. Read-only.",
+        epilog="example:\n  lifeboat ls --json", formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--config", help="path to lifeboat.yaml (default: the usual lookup)")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(func=cmd_ls)
+    return sp

@@ -1,4 +1,8 @@
-"""The `lifeboat` command line: its parser, `main`, and the stats, verify, gc and keygen subcommands."""
+"""The `stats`, `verify`, `gc` and `keygen` subcommands (the parser and `main` are in parser.py).
+
+Each opens the store through `checked.open_checked`, so a tier that cannot be reached or read fails
+the command (exit 4, naming the tier and the cause) instead of being reported as empty.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +11,21 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any
 
-from ..config import ConfigError, format_size, load_settings
 from ..store import ChunkStore
 from ..tiers import Describing, SegmentDirs
-from .activity import add_ls_parser, collect_activity, parse_since, print_activity
-from .purge import add_purge_parser, parse_share
+from ..config import format_size
+from .activity import collect_activity, parse_since, print_activity
+from .checked import open_checked
+from .errors import EXIT_DATA, EXIT_OK, EXIT_STORAGE, EXIT_USAGE, fail
+from .purge import parse_share
 
 log = logging.getLogger("lifeboat")
 
-
-def _open(args: argparse.Namespace, *, read_only: bool = False, evict: bool = True) -> ChunkStore:
-    settings = load_settings(args.config)
-    return ChunkStore.open(settings, background=False, read_only=read_only, evict=evict, seal=False)
+#: This open's index rebuild, per tier: what a restarting process would load from the same files now.
+REBUILD_FIELDS = ("rebuild_ms", "snapshot_pages", "snapshot_segments", "scanned_segments",
+                  "snapshot_mismatched_units", "snapshot_discarded")
 
 
 def collect_stats(store: ChunkStore) -> dict[str, Any]:
@@ -42,6 +47,7 @@ def collect_stats(store: ChunkStore) -> dict[str, Any]:
             "usage_bytes": tier.usage_bytes(),
             "capacity_bytes": cap,
             "capacity_used": round(tier.usage_bytes() / cap, 4) if cap else None,
+            **{k: int(st[k]) for k in REBUILD_FIELDS if k in st},
         })
     if store.sealer.active:  # which key sealed how many pages (reads each record's header)
         for t, by_key in zip(tiers, store.pages_by_key_id()):
@@ -50,28 +56,44 @@ def collect_stats(store: ChunkStore) -> dict[str, Any]:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with _open(args, read_only=True) as store:  # inspecting never evicts, writes or creates anything
+    since = parse_since(args.since)
+    store, health = open_checked(args, read_only=True, lenient=True)  # never evicts, writes or creates
+    with store:
         stats = collect_stats(store)
-    stats.update(collect_activity(store.settings, parse_since(args.since)))
+    for t, h in zip(stats["tiers"], health):
+        t.update(reachable=h.reachable, last_error=h.error)
+    stats.update(collect_activity(store.settings, since))
+    serving = stats.pop("tier_snapshots")
+    for t in stats["tiers"]:
+        t.update(serving.get(t["tier"], {"snapshot_saves": 0, "snapshot_save_failures": 0, "snapshot_save_ms": None}))
+    bad = [h for h in health if not h.reachable]
     if args.json:
         print(json.dumps(stats, indent=2))
-        return 0
+    else:
+        print_stats(stats)
+    if bad:
+        return fail(EXIT_STORAGE, "; ".join(h.message() for h in bad))
+    return EXIT_OK
+
+
+def print_stats(stats: dict[str, Any]) -> None:
     print_activity(stats)
     print(f"config: {stats['config']}")
     for t in stats["tiers"]:
         ratio = f"{t['compression_ratio']:.3f}x" if t["compression_ratio"] else "n/a"
         cap = (f"{format_size(t['usage_bytes'], 1)} of {format_size(t['capacity_bytes'], 1)} "
                f"({100 * t['capacity_used']:.1f}%)") if t["capacity_bytes"] else format_size(t["usage_bytes"], 1)
-        print(f"tier {t['tier']}\n  pages: {t['pages']}\n  segments: {t['segments']}\n"
+        state = "yes" if t["reachable"] else f"NO: {t['last_error']}"
+        print(f"tier {t['tier']}\n  reachable: {state}\n  pages: {t['pages']}\n  segments: {t['segments']}\n"
               f"  stored: {format_size(t['stored_bytes'], 1)} (raw {format_size(t['raw_bytes'], 1)}, ratio {ratio})\n"
-              f"  capacity: {cap}")
+              f"  capacity: {cap}\n  index snapshots saved by serving processes: {t['snapshot_saves']} "
+              f"({t['snapshot_save_failures']} failed)")
         if "pages_by_key_id" in t:
             print("  pages per key id: " + (", ".join(f"{k} {v}" for k, v in t["pages_by_key_id"].items()) or "none"))
-    return 0
 
 
 class _Progress:
-    """A one-line progress bar on stderr, redrawn at most 10 times a second."""
+    """A one-line progress bar on stderr, redrawn at most 10 times a second (only on a terminal)."""
 
     def __init__(self, label: str) -> None:
         self.label, self._last = label, 0.0
@@ -89,25 +111,34 @@ class _Progress:
         sys.stderr.flush()
 
 
+def progress_bar(label: str, quiet: bool) -> _Progress | None:
+    """A bar only for a person watching: never `\\r` frames into a redirected file or a pipe."""
+    return None if quiet or not sys.stderr.isatty() else _Progress(label)
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
-    fix = args.fix and not args.no_quarantine
     # without --fix nothing changes on disk; with it, bad records are quarantined but nothing is evicted
-    with _open(args, read_only=not fix, evict=False) as store:
-        progress = None if args.quiet else _Progress("verify")
+    store, _ = open_checked(args, read_only=not args.fix, evict=False)
+    with store:
         total = sum(t.stats().get("pages", 0) for t in store.tiers)
-        problems = store.verify(fix=fix, progress=progress)
+        problems = store.verify(fix=args.fix, progress=progress_bar("verify", args.quiet or args.json))
+    if args.json:
+        print(json.dumps({"config": store.settings.source, "records": total, "bad": len(problems),
+                          "fixed": bool(args.fix and problems), "problems": problems}, indent=2))
+        return EXIT_DATA if problems else EXIT_OK
     for p in problems:
         print(f"BAD {p}")
-    action = "fixed: quarantined or re-indexed" if fix else "reported; run with --fix to quarantine"
+    action = "fixed: quarantined or re-indexed" if args.fix else "reported; run with --fix to quarantine"
     print(f"verified {total} records: {len(problems)} bad" + (f" ({action})" if problems else ""))
-    return 1 if problems else 0
+    return EXIT_DATA if problems else EXIT_OK
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from ..ops import compact_tier
 
     below = parse_share(args.compact_below)
-    with _open(args, evict=False) as store:  # evict here, not while opening, so "freed" is the truth
+    store, _ = open_checked(args, read_only=False, evict=False)  # evict here, not while opening: "freed" is true
+    with store:
         # records no configured key opens (rotated out, shredded, plaintext): dropped, bytes compacted below
         unreadable = store.drop_unreadable()
         freed = store.gc()
@@ -118,6 +149,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
                     compacted[k] = compacted.get(k, 0) + v
         usage = sum(t.usage_bytes() for t in store.tiers)
     freed += compacted.get("freed_bytes", 0)
+    if args.json:
+        print(json.dumps({"config": store.settings.source, "freed_bytes": freed, "usage_bytes": usage,
+                          "dropped_unreadable": unreadable, "compaction": compacted or None}, indent=2))
+        return EXIT_OK
     print(f"gc: freed {format_size(freed, 1)}; now using {format_size(usage, 1)}")
     if unreadable:
         print(f"gc: dropped {unreadable} record(s) that no configured encryption key opens")
@@ -125,7 +160,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"gc: compaction rewrote {compacted['rewritten']} segment(s) ({compacted['kept_records']} live "
               f"records kept), removed {compacted['removed']}; {compacted['skipped_unsealed']} open segment(s) "
               "of running writers skipped (compacted by a gc after they seal)")
-    return 0
+    return EXIT_OK
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -137,71 +172,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     try:
         kid = write_key_file(Path(args.path))
     except FileExistsError:
-        print(f"lifeboat: keygen: {args.path} exists; a key is never overwritten (pick another path)",
-              file=sys.stderr)
-        return 2
+        return fail(EXIT_USAGE, f"keygen: {args.path} exists; a key is never overwritten (pick another path)")
     print(f"keygen: wrote {args.path} (mode 0600), key id {key_id_text(kid)}; list it first under "
           "encryption.keys to seal with it")
-    return 0
-
-
-def _closed_pipe() -> int:
-    """`lifeboat stats | head`: the reader left; stop quietly (no 'Broken pipe' at exit)."""
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except OSError:
-        pass
-    return 0
-
-
-def setup_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lifeboat", description="Inspect and maintain a LifeboatCache store.")
-    sub = p.add_subparsers(dest="command", required=True)
-    for name, fn, help_ in (("stats", cmd_stats, "pages, bytes stored vs raw, compression, segments, capacity"),
-                            ("verify", cmd_verify, "check every record both ways (index <-> files); --fix quarantines"),
-                            ("gc", cmd_gc, "enforce the capacity bound now")):
-        sp = sub.add_parser(name, help=help_)
-        sp.add_argument("--config", help="path to lifeboat.yaml (default: LIFEBOAT_CONFIG, ./lifeboat.yaml, "
-                                         "~/.config/lifeboat/lifeboat.yaml, else the embedded default)")
-        sp.set_defaults(func=fn)
-        if name == "stats":
-            sp.add_argument("--json", action="store_true", help="machine-readable output")
-            sp.add_argument("--since", default="24h", help="sum serving processes seen within this age "
-                                                         "(e.g. 30m, 24h, 7d; default 24h)")
-        if name == "verify":
-            sp.add_argument("--fix", action="store_true",
-                            help="quarantine bad records and re-index intact ones missing from the index")
-            sp.add_argument("--no-quarantine", action="store_true", help="only report (the default; kept for scripts)")
-            sp.add_argument("--quiet", action="store_true", help="no progress bar")
-        if name == "gc":
-            sp.add_argument("--compact-below", default="0.5", help="rewrite sealed segments whose live share "
-                                                                   "is under this, and any holding purged pages")
-    add_ls_parser(sub)
-    add_purge_parser(sub)
-    sp = sub.add_parser("keygen", help="create a key file for sealed records (encryption.keys)")
-    sp.add_argument("path", help="the new key file (refused if it exists)")
-    sp.set_defaults(func=cmd_keygen)
-    from ..bench import add_parser as add_bench_parser  # light: the bench sections import lazily
-
-    add_bench_parser(sub)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    args = setup_arg_parser().parse_args(argv)
-    try:
-        rc = args.func(args)
-        sys.stdout.flush()  # a reader that left must fail here, not in the interpreter's exit flush
-        return rc
-    except BrokenPipeError:
-        return _closed_pipe()
-    except ConfigError as e:
-        print(f"lifeboat: configuration error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"lifeboat: {e}", file=sys.stderr)
-        return 2
+    return EXIT_OK

@@ -286,7 +286,11 @@ def load_settings(
     if p is None:
         settings = Settings(storage=default_storage())
     else:
-        settings = settings_from_dict(read_config_file(p), source=str(p))
+        doc = read_config_file(p)
+        if doc is None:  # an empty file (or only comments) must not silently mean the default store
+            raise ConfigError(f"{p}: the config file is empty; write at least a storage: list (docs/storage.md), "
+                              "or remove the file to use the built-in default store")
+        settings = settings_from_dict(doc, source=str(p))
     keys = parse_key_file_env(os.environ if env is None else env)
     if keys is not None:  # the key source from the environment (a secret mount) replaces the file's
         settings = replace(settings, encryption=replace(settings.encryption, keys=keys))

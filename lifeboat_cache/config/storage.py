@@ -91,7 +91,7 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
         kw["refresh_interval_s"] = parse_float(obj.get("refresh_interval_s", DEFAULT_S3_REFRESH_INTERVAL_S),
                                                 f"{where}.refresh_interval_s", 0.05, 3600)
     if obj.get("capacity") not in (None, "auto"):
-        kw["capacity_bytes"] = parse_size(obj["capacity"], f"{where}.capacity")
+        kw["capacity_bytes"] = parse_capacity(obj["capacity"], f"{where}.capacity", kind, len(kw.get("paths", ())))
     for k in ("failure_cooldown_s", "failure_cooldown_max_s"):
         if k in obj:
             kw[k] = parse_float(obj[k], f"{where}.{k}", 0.0, 86400)
@@ -100,6 +100,25 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
     if obj.get("max_age") is not None:
         kw["max_age_s"] = parse_age(obj["max_age"], f"{where}.max_age")
     return TierSettings(**kw)
+
+
+MIN_SEGMENT_BYTES = 1 << 20  # the smallest segment_size: a local / nfs capacity below one segment holds nothing
+_BARE_NUMBER_RE = re.compile(r"^\s*[0-9]+(?:\.[0-9]+)?\s*$", re.ASCII)
+
+
+def parse_capacity(value: Any, where: str, kind: str, paths: int = 1) -> int:
+    """`capacity:` -> bytes. A unit is required: a bare `5` was read as 5 bytes (every page evicted at
+    once, silently), while an LMCache user means 5 GB. A local / nfs capacity must hold at least one
+    smallest segment (1MiB) per directory."""
+    example = "e.g. capacity: 50GB (or 50GiB, 512MiB, auto)"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) or (
+            isinstance(value, str) and _BARE_NUMBER_RE.match(value)):
+        raise ConfigError(f"{where}: {show_value(value)} has no unit; write the unit, {example}")
+    n = parse_size(value, where)
+    if kind in ("local", "nfs") and n < MIN_SEGMENT_BYTES * max(1, paths):
+        raise ConfigError(f"{where}: {show_value(value)} is smaller than one segment (at least 1MiB per "
+                          f"directory, {max(1, paths)} here); {example}")
+    return n
 
 
 def _size_between(obj: Mapping[str, Any], key: str, where: str, low: tuple[int, str], high: tuple[int, str],

@@ -112,6 +112,8 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
         hicache_size=int(cfg.hicache_size or 0),
         hicache_ratio=cfg.hicache_ratio,
         write_policy=cfg.hicache_write_policy,
+        write_policy_given=_flag_given(server_args, "hicache_write_policy", "write_through"),
+        max_total_tokens=cfg.max_total_tokens,
         enable_hierarchical_cache=bool(cfg.enable_hierarchical_cache),
         storage_backend=cfg.hicache_storage_backend,
         extra_config=extra_config,
@@ -138,6 +140,15 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
     for message in plan.messages():
         logger.info("LifeboatCache: %s", message)
     return plan
+
+
+def _flag_given(server_args: Any, name: str, sglang_default: Any) -> bool:
+    """Did the launch set `name` itself? A raw value other than SGLang's default was given; the default
+    typed on the command line is seen in sys.argv (`launch_server` parses sys.argv[1:])."""
+    if getattr(server_args, name, sglang_default) != sglang_default:
+        return True
+    flag = "--" + name.replace("_", "-")
+    return any(a == flag or a.startswith(flag + "=") for a in sys.argv[1:])
 
 
 def _apply_mlx(server_args: Any, cfg: Any, env: Mapping[str, str]) -> LaunchPlan:

@@ -9,11 +9,17 @@ path. Their bytes leave the disk at the next `lifeboat gc` (tiers/segments/compa
 rewritten without the purged records (or deleted) by the purge itself.
 
 Model -> namespaces: a namespace fingerprint is a hash, so the model's namespaces (every rank, pool
-and layout) are learned from the stats files serving processes write (stats_file.py, `lifeboat ls`).
+and layout) are learned from the stats files serving processes write (stats_file.py, `lifeboat ls`);
+the model id matches exactly, or as a glob (`org/*`). A namespace prefix is also looked up among the
+namespaces present in the store (pages written through the Python API have no stats file).
+
+Counts: `purged_pages` is the pages present before the purge that its rules cover, each page once
+(read from the record headers before the rules are written), so it is exact and a second run says 0.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import re
@@ -23,8 +29,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, Settings, parse_age
+from .health import tier_health
 
 if TYPE_CHECKING:
+    from ..store import ChunkStore
     from ..tiers import SegmentDirs
 
 log = logging.getLogger(__name__)
@@ -51,12 +59,17 @@ def known_namespaces(settings: Settings) -> dict[str, dict[str, Any]]:
 
 
 def resolve(settings: Settings, *, models: list[str] | None = None, namespaces: list[str] | None = None,
-            older_than: str | None = None) -> PurgeRequest:
-    """Turn the CLI's selectors into namespace fingerprints and an age; bad input raises ConfigError."""
+            older_than: str | None = None, present: list[str] | None = None) -> PurgeRequest:
+    """Turn the CLI's selectors into namespace fingerprints and an age; bad input raises ConfigError.
+
+    `present`: namespaces (hex) found in the store itself (ChunkStore.pages_by_namespace), so a
+    `--namespace` prefix finds pages written through the Python API too, which no stats file names."""
     req = PurgeRequest()
     if older_than is not None:
         req.older_than_s = parse_age(older_than, "--older-than")
     known = known_namespaces(settings)
+    for ns in present or []:
+        known.setdefault(ns, {"labels": {}})
     for text in namespaces or []:
         t = text.strip().lower()
         if not _HEX_RE.match(t):
@@ -68,8 +81,9 @@ def resolve(settings: Settings, *, models: list[str] | None = None, namespaces: 
             continue
         hits = [ns for ns in known if ns.startswith(t)]
         if len(hits) != 1:
-            why = "matches no namespace in the stats files" if not hits else f"is ambiguous ({len(hits)} match)"
-            raise ConfigError(f"--namespace {text!r} {why}; give the full 32 hex characters (`lifeboat ls --json`)")
+            why = "matches no namespace" if not hits else f"is ambiguous ({len(hits)} match)"
+            raise ConfigError(f"--namespace {text!r} {why} in the store or the stats files; give the full 32 hex "
+                              "characters (`lifeboat ls --json`)")
         req.namespaces.append(bytes.fromhex(hits[0]))
         req.labels[hits[0]] = known[hits[0]]["labels"]
     for model in models or []:
@@ -77,8 +91,9 @@ def resolve(settings: Settings, *, models: list[str] | None = None, namespaces: 
         if not hits:
             seen = sorted({d["labels"].get("model", "?") for d in known.values()})
             raise ConfigError(f"--model {model!r}: no namespace of this model in the stats files of "
-                              f"{settings.source} (models seen: {', '.join(seen) or 'none'}); purge by "
-                              "--namespace or --older-than instead")
+                              f"{settings.source} (models seen: {', '.join(seen) or 'none'}); the model id must "
+                              "match exactly (or give a glob such as 'org/*'); pages written through the Python "
+                              "API carry no model name: purge them by --namespace (`lifeboat ls`) or --older-than")
         for ns in hits:
             req.namespaces.append(bytes.fromhex(ns))
             req.labels[ns] = known[ns]["labels"]
@@ -86,11 +101,12 @@ def resolve(settings: Settings, *, models: list[str] | None = None, namespaces: 
 
 
 def _model_matches(asked: str, label: str) -> bool:
-    """A model path or its last part ('org/name' or 'name') names the model."""
+    """The model id exactly as the stats files (`lifeboat ls`) name it, or a glob (`org/*`, `*llama*`):
+    `llama` must not purge `meta/llama` and `other/llama` at once."""
     if not label:
         return False
     a, lab = asked.rstrip("/"), label.rstrip("/")
-    return a == lab or lab.endswith("/" + a) or Path(lab).name == a
+    return fnmatch.fnmatchcase(lab, a) if any(c in a for c in "*?[") else a == lab
 
 
 def rule_lines(req: PurgeRequest, now: float | None = None, newest_ms: int = 0) -> list[dict[str, object]]:
@@ -115,9 +131,28 @@ def check_writable(settings: Settings) -> None:
                                  "its rules there and remove files; run it as the store's owner")
 
 
+def matching_pages(store: "ChunkStore", lines: list[dict[str, object]]) -> list[int]:
+    """Per tier: the pages present now that the rule `lines` cover (each page once): what a purge
+    removes, counted before it runs, so the figure is exact and a second run counts 0."""
+    from ..records import PurgeRules
+    from ..tiers.segments import unit_ms
+
+    rules = PurgeRules()
+    for line in lines:
+        rules.add_line(dict(line, before_ms=(1 << 53) - 1) if "namespace" in line else line)  # every unit there now
+
+    def covered(h: Any, unit: str) -> bool:
+        ms = unit_ms(unit)
+        before = rules.namespaces.get(bytes(h.namespace))
+        return ms < rules.age_before_ms or (before is not None and ms < before)
+
+    return store.count_records(covered)
+
+
 def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
-          below: float | None = None) -> dict[str, Any]:
-    """Record the rules in every directory, apply them here, purge S3; optionally compact now."""
+          below: float | None = None, dry_run: bool = False) -> dict[str, Any]:
+    """Record the rules in every directory, apply them here, purge S3; optionally compact now.
+    `dry_run`: count what would be purged (`would_purge_pages` per tier) and change nothing."""
     from ..store import ChunkStore
     from ..records import append_rules
     from ..tiers import ObjectPurging, SegmentDirs
@@ -125,6 +160,18 @@ def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
     lines = rule_lines(req)
     if not lines:
         raise PurgeError("nothing to purge: give --model, --namespace or --older-than")
+    report: dict[str, Any] = {"namespaces": {ns.hex(): req.labels.get(ns.hex(), {}) for ns in req.namespaces},
+                              "older_than_s": req.older_than_s, "dry_run": dry_run, "tiers": []}
+    with ChunkStore.open(settings, background=False, read_only=True, seal=False) as before:
+        bad = [h for h in tier_health(before) if not h.reachable]
+        if bad:  # refused before any rule is written: a purge is all tiers or none
+            raise PurgeError("nothing purged: " + "; ".join(h.message() for h in bad) + "; run it again once "
+                             "every tier answers")
+        counts = matching_pages(before, lines)
+        names = [t.name for t in before.tiers]
+    if dry_run:
+        report["tiers"] = [{"tier": n, "would_purge_pages": c} for n, c in zip(names, counts)]
+        return report
     check_writable(settings)
     for ts in settings.storage:
         for p in ts.paths:
@@ -135,15 +182,12 @@ def purge(settings: Settings, req: PurgeRequest, *, compact_now: bool = False,
             except OSError as e:
                 raise PurgeError(f"cannot record the purge in {p}: {e.strerror or e}; run it as the store's "
                                  "owner on a writable store") from None
-    report: dict[str, Any] = {"namespaces": {ns.hex(): req.labels.get(ns.hex(), {}) for ns in req.namespaces},
-                              "older_than_s": req.older_than_s, "tiers": []}
     with ChunkStore.open(settings, background=False, evict=False, seal=False) as store:
-        for tier in store.tiers:
+        for tier, count in zip(store.tiers, counts):
             t: dict[str, Any] = {"tier": tier.name}
             if isinstance(tier, SegmentDirs):
-                figures = [d.purge_figures() for d in tier.dirs]
-                t["purged_pages"] = sum(f["purged_pages"] for f in figures)
-                t["segments_evicted"] = sum(f["segments_evicted"] for f in figures)
+                t["purged_pages"] = count  # pages present before, covered by these rules (each once)
+                t["segments_evicted"] = sum(d.purge_figures()["segments_evicted"] for d in tier.dirs)
                 if compact_now:
                     t["compaction"] = compact_tier(tier, below)
             elif isinstance(tier, ObjectPurging):

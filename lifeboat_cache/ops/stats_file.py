@@ -66,6 +66,10 @@ class _LastError(logging.Handler):
             pass
 
 
+#: Index snapshot counters of a serving process, per tier (`lifeboat stats` sums them over processes).
+SNAPSHOT_SAVE_FIELDS = ("snapshot_saves", "snapshot_save_failures", "snapshot_save_ms")
+
+
 def tier_state(store: "ChunkStore") -> list[dict[str, Any]]:
     """Per tier: pages indexed, usage vs capacity, cooldowns, rebuild time (index only, no I/O)."""
     out = []
@@ -76,6 +80,7 @@ def tier_state(store: "ChunkStore") -> list[dict[str, Any]]:
             "usage_bytes": int(st.get("usage_bytes") or 0), "capacity_bytes": st.get("capacity_bytes"),
             "rebuild_s": (st["rebuild_ms"] / 1000.0) if "rebuild_ms" in st else None,
             "reads_cooling_down": rc.active(), "writes_cooling_down": wc.active(),
+            **{k: int(st[k]) for k in SNAPSHOT_SAVE_FIELDS if k in st},
         })
     return out
 
@@ -108,6 +113,10 @@ class StatsReporter:
         self.dir = directory if directory is not None else stats_dir(store.settings)
         self.path = self.dir / f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}.json"
         self.started = time.time()
+        try:  # the whole path once, at start; later ticks never re-create a store directory removed meanwhile
+            make_dirs(self.dir, 0o700)
+        except OSError as e:
+            log.warning("lifeboat: cannot create the stats directory %s (%s)", self.dir, e)
         prune(self.dir, self.started - KEEP_S)
         self._errors = _LastError()
         logging.getLogger("lifeboat_cache").addHandler(self._errors)
@@ -128,7 +137,8 @@ class StatsReporter:
             if self.exporter is not None:
                 self.exporter.sync(tier_state(self.store))
             try:
-                make_dirs(self.dir, 0o700)
+                if not self.dir.is_dir():  # only the stats folder itself, never its parents: a store
+                    os.mkdir(self.dir, 0o700)  # directory deleted while serving stays deleted (ENOENT here)
                 data = snapshot(self.store, self.role, self.labels, self.started, self._errors.last,
                                 self.interval_s)
                 write_new_file(self.path, json.dumps(data, separators=(",", ":")).encode(), 0o600)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from .codec import (
     DTYPE_CODES, DTYPE_ITEMSIZE, DTYPE_NAMES, HEADER_SIZE, MAGIC, NONCE_BYTES, NS_AT, SEAL_OVERHEAD, TAG_BYTES,
     Header, Record, as_bytes_view, build_record, dtype_code, raw_length, unpack_header, verify_record)
-from .keys import DIGEST_CACHE_ENTRIES, DigestCache, digests, index_key, key_digest, namespace_fingerprint
+from .keys import (
+    DIGEST_CACHE_ENTRIES, FINGERPRINT_BYTES, DigestCache, digests, index_key, key_digest, namespace_fingerprint)
 from .payloads import PLANES, RecordError, decode_into
 from .purge_list import PURGE_NAME, PurgeRules, append_rules, load_rules
 from .sealing import OPENABLE_REASONS, UNKNOWN_KEY, UNSEALED, Sealer, key_id_text, sealer_for, write_key_file
@@ -24,7 +25,8 @@ from .trailer import (
 
 __all__ = [
     "DIGEST_CACHE_ENTRIES", "DTYPE_CODES", "DTYPE_ITEMSIZE", "DTYPE_NAMES", "DigestCache", "Entry", "FOOTER",
-    "FOOTER_MAGIC", "FOOTER_SIZE", "HEADER_SIZE", "Header", "MAGIC", "NONCE_BYTES", "NS_AT", "OPENABLE_REASONS",
+    "FINGERPRINT_BYTES", "FOOTER_MAGIC", "FOOTER_SIZE", "HEADER_SIZE", "Header", "MAGIC", "NONCE_BYTES", "NS_AT",
+    "OPENABLE_REASONS",
     "PLANES", "PURGE_NAME", "PurgeRules", "Record", "RecordError", "SEAL_OVERHEAD", "Sealer", "TABLE_ENTRY",
     "TABLE_MAGIC", "TAG_BYTES", "UNKNOWN_KEY", "UNSEALED", "append_rules", "as_bytes_view", "build_record",
     "build_trailer", "decode_into", "digests", "dtype_code", "index_key", "key_digest", "key_id_text", "load_rules",

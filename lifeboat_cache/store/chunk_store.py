@@ -27,7 +27,7 @@ import numpy as np
 from ..config import Settings, TierSettings, load_settings
 from ..cooldown import Cooldown
 from ..metrics import Counters
-from ..records import UNKNOWN_KEY, UNSEALED, DigestCache, Header, Sealer, sealer_for
+from ..records import FINGERPRINT_BYTES, UNKNOWN_KEY, UNSEALED, DigestCache, Header, Sealer, sealer_for
 from ..tiers import Tier, open_tier
 from ..tracing import trace_store
 from . import maint
@@ -55,6 +55,15 @@ def compresses(ts: TierSettings, engine_compression: str) -> bool:
     if choice == "auto":
         return ts.type in ("nfs", "s3")
     return choice == "zstd"
+
+
+def check_namespace(ns: object, call: str) -> None:
+    """A namespace is a `namespace_fingerprint(...)` (16 bytes): every record header holds exactly 16,
+    so any other value was acknowledged by `put` yet could never be read back (a caller bug: raise)."""
+    if not isinstance(ns, bytes) or len(ns) != FINGERPRINT_BYTES:
+        got = f"{type(ns).__name__} of {len(ns)} bytes" if isinstance(ns, (bytes, bytearray)) else type(ns).__name__
+        raise ValueError(f"{call}: the namespace must be the {FINGERPRINT_BYTES}-byte value of "
+                         f"namespace_fingerprint(model=..., ...), got a {got}")
 
 
 class ChunkStore:
@@ -144,6 +153,7 @@ class ChunkStore:
 
     def _present(self, ns: bytes, keys: Sequence[str | bytes]) -> np.ndarray:
         """`contains` as a bool array (what `count_leading_hits` reduces without a Python list)."""
+        check_namespace(ns, "contains")
         ik = self._digests.index_keys(ns, keys)
         hit = np.zeros(len(ik), dtype=bool)
         asked = False
@@ -178,6 +188,7 @@ class ChunkStore:
         Pass it as `affinity=` to every `put` / `get_into` of that dialog (the keys of its first
         pages, not of the batch), so all its pages sit on one drive of a multi-drive tier.
         """
+        check_namespace(ns, "affinity_of")
         ds, _ = self._digests(ns, list(dialog_keys[: self.affinity_chunks]))
         return self._affinity(ds)
 
@@ -191,8 +202,9 @@ class ChunkStore:
 
         `affinity` picks the drive of a multi-drive tier (see `affinity_of`); by default it comes
         from the first `affinity_chunks` keys of this batch. Raises only for caller bugs (length
-        mismatch, non-contiguous buffers).
+        mismatch, non-contiguous buffers, a namespace that is not a namespace_fingerprint).
         """
+        check_namespace(ns, "put")
         if len(keys) != len(buffers):
             raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
         t0 = time.perf_counter()
@@ -209,6 +221,7 @@ class ChunkStore:
         A page found on a lower tier is promoted to the first one, on the drive `affinity` picks
         (default as in `put`).
         """
+        check_namespace(ns, "get_into")
         if len(keys) != len(buffers):
             raise ValueError(f"get_into: {len(keys)} keys but {len(buffers)} buffers")
         t0 = time.perf_counter()
@@ -255,6 +268,15 @@ class ChunkStore:
         """Per tier: indexed pages per sealing key id (hex), plaintext ones under "plaintext" (`lifeboat
         stats` with encryption on). Reads each record's header; changes nothing."""
         return maint.pages_by_key_id(self.tiers)
+
+    def pages_by_namespace(self) -> dict[str, dict[str, Any]]:
+        """Namespace (hex) -> pages present now, their stored bytes and pages per tier (`lifeboat ls`).
+        Reads each record's header; changes nothing."""
+        return maint.pages_by_namespace(self.tiers)
+
+    def count_records(self, match: Callable[[Header, str], bool]) -> list[int]:
+        """Per tier: indexed pages whose header and unit name `match` accepts (`lifeboat purge`)."""
+        return maint.count_records(self.tiers, match)
 
     def drop_unreadable(self) -> int:
         """Drop (quarantine) every record none of the configured keys opens: sealed with a key no

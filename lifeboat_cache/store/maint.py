@@ -6,7 +6,7 @@ use them through ChunkStore); the data path never calls them.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..metrics import Counters
 from ..records import HEADER_SIZE, OPENABLE_REASONS, Header, RecordError, Sealer, key_id_text, unpack_header
@@ -84,3 +84,35 @@ def drop_records(tiers: Sequence[Tier], why: Callable[[Header], str | None]) -> 
                 tier.forget(ikey, ref, reason)
                 dropped += 1
     return dropped
+
+
+def pages_by_namespace(tiers: Sequence[Tier]) -> dict[str, dict[str, Any]]:
+    """Namespace (hex) -> pages present now (distinct keys over every tier), their stored bytes on the
+    first tier holding each, and pages per tier. Reads each record's header (`lifeboat ls`, `purge`):
+    it sees every namespace however it was written, where the stats files know only serving processes'."""
+    seen: dict[str, set[int]] = {}
+    stored: dict[str, int] = {}
+    per_tier: dict[str, dict[str, int]] = {}
+    for tier in tiers:
+        for ikey, _, h in record_headers(tier):
+            if h is None:
+                continue
+            ns = h.namespace.hex()
+            counts = per_tier.setdefault(ns, {})
+            counts[tier.name] = counts.get(tier.name, 0) + 1
+            keys = seen.setdefault(ns, set())
+            if ikey not in keys:
+                keys.add(ikey)
+                stored[ns] = stored.get(ns, 0) + h.record_len
+    return {ns: {"pages": len(seen[ns]), "stored_bytes": stored[ns], "tiers": per_tier[ns]} for ns in sorted(seen)}
+
+
+def count_records(tiers: Sequence[Tier], match: Callable[[Header, str], bool]) -> list[int]:
+    """Per tier: distinct indexed pages whose header and unit (segment or object name) `match` accepts
+    (`lifeboat purge`: the pages a purge removes, counted before it runs; a page held twice counts once)."""
+    out = []
+    for tier in tiers:
+        keys = {ikey for ikey, ref, h in record_headers(tier)
+                if h is not None and match(h, tier.loc_name(ref).rpartition("@")[0])}
+        out.append(len(keys))
+    return out

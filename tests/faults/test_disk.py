@@ -144,8 +144,10 @@ def test_stats_and_verify_change_nothing_and_only_gc_evicts(tmp_path: Path) -> N
 
 def test_stats_works_on_a_read_only_store_and_creates_no_directory(tmp_path: Path) -> None:
     missing = tmp_path / "nothing" / "here"
-    r = cli(config(tmp_path, missing), "stats", "--json")
-    assert r.returncode == 0 and json.loads(r.stdout)["tiers"][0]["pages"] == 0, r.stdout + r.stderr
+    r = cli(config(tmp_path, missing), "stats", "--json")  # a storage error (exit 4), never "0 pages, fine"
+    t = json.loads(r.stdout)["tiers"][0]
+    assert r.returncode == 4 and t["pages"] == 0 and t["reachable"] is False, r.stdout + r.stderr
+    assert "does not exist" in r.stderr
     assert not (tmp_path / "nothing").exists()
     mnt = tmp_path / "mnt"
     mount_tmpfs(mnt, "16m")

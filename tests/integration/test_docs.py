@@ -188,6 +188,7 @@ def _pip(args: list[str], where: str) -> None:
 def _lifeboat(args: list[str], tmp_path: Path, where: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "LIFEBOAT_CONFIG"}
     env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(ROOT))
+    (tmp_path / "xdg" / "lifeboat").mkdir(parents=True, exist_ok=True)  # the default store, as after a first launch
     for argv in (args, [*args[:1], "--help"]):
         r = subprocess.run([sys.executable, "-m", "lifeboat_cache.cli", *argv], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120)

@@ -317,6 +317,22 @@ def test_command_line_through_prepare_server_args(monkeypatch) -> None:
     assert (v.page_size, v.hicache_size, v.hicache_write_policy) == (16, 3, "write_back")
 
 
+@pytest.mark.parametrize("typed", ["write_through_selective", "write_through"])
+def test_a_typed_write_policy_beats_the_variable(monkeypatch, caplog, typed: str) -> None:
+    """`--hicache-write-policy` on the command line beats LIFEBOAT_SGLANG_WRITE_POLICY (SGLang's default
+    typed by hand too: `launch_server` parses sys.argv), and the log says which won."""
+    caplog.set_level(logging.INFO, logger=sglang_plugin.__name__)
+    monkeypatch.setenv(rules.ENV_WRITE_POLICY, "write_back")
+    monkeypatch.setattr(sys, "argv", ["launch_server", "--model-path", "dummy", "--hicache-write-policy", typed])
+    sa = resolve(**LIFEBOAT, hicache_write_policy=typed)
+    assert view(sa).hicache_write_policy == typed
+    ours = [r.getMessage() for r in caplog.records if r.name == sglang_plugin.__name__]
+    assert any(m.startswith(f"LifeboatCache: write policy {typed} (the launch gave --hicache-write-policy; "
+                            "LIFEBOAT_SGLANG_WRITE_POLICY=write_back ignored") for m in ours), ours
+    monkeypatch.setattr(sys, "argv", ["launch_server", "--model-path", "dummy"])  # no flag: the variable wins
+    assert view(resolve(**LIFEBOAT)).hicache_write_policy == "write_back"
+
+
 # ---------------------------------------------------------------------------------------------
 # Launches without LifeboatCache are untouched
 # ---------------------------------------------------------------------------------------------

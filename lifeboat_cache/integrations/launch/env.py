@@ -52,7 +52,8 @@ def parse_host_gb(env: Env) -> HostGbSetting:
 
 
 def parse_write_policy(env: Env) -> Optional[str]:
-    """`LIFEBOAT_SGLANG_WRITE_POLICY`: replaces the launch's `--hicache-write-policy` when set."""
+    """`LIFEBOAT_SGLANG_WRITE_POLICY`: the write policy of a launch that gave no `--hicache-write-policy`
+    (a flag on the command line beats it, as everywhere in SGLang)."""
     value = raw_value(env, ENV_WRITE_POLICY)
     if value is None:
         return None
@@ -74,7 +75,8 @@ SGLANG_VARIABLES: tuple[Variable, ...] = (
     Variable(ENV_STAGING_TOKENS, "1024", "bound of SGLang's GPU write-back staging buffer (tokens)",
              parse_staging_tokens),
     Variable(ENV_HOST_GB, "10% of RAM, 2-16 GB", "host pool per rank: whole GB or auto", parse_host_gb),
-    Variable(ENV_WRITE_POLICY, "the launch's", "replaces --hicache-write-policy: " + ", ".join(WRITE_POLICIES),
+    Variable(ENV_WRITE_POLICY, "the launch's", "write policy when the launch gives no --hicache-write-policy: "
+             + ", ".join(WRITE_POLICIES),
              parse_write_policy),
     Variable(ENV_ZERO_COPY, "1", "1 zero-copy page I/O, 0 SGLang's copying interface", parse_zero_copy),
 )

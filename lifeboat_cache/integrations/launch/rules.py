@@ -21,7 +21,7 @@ from .env import (
     parse_host_gb, parse_page_size, parse_staging_tokens, parse_write_policy, parse_zero_copy)
 from .sizing import (
     BACKEND_NAME, DEFAULT_HOST_MAX_GB, DEFAULT_HOST_MIN_GB, DEFAULT_PAGE_SIZE, DEFAULT_STAGING_TOKENS, GB, GIB,
-    HOST_RESERVE_BYTES, SGLANG_STAGING_PAGE_CHUNK, auto_host_pool_gb, backend_extra_config_json,
+    HOST_RESERVE_BYTES, SGLANG_STAGING_PAGE_CHUNK, auto_host_pool_gb, backend_extra_config_json, cpu_token_pool_warning,
     default_host_pool_gb, is_lifeboat_extra_config, staging_pages)
 
 
@@ -55,6 +55,8 @@ class LaunchFacts:
     hicache_size: int = 0
     hicache_ratio: Optional[float] = None
     write_policy: str = "write_through"
+    max_total_tokens: Optional[int] = None  # --max-total-tokens (None: SGLang sizes the token pool itself)
+    write_policy_given: bool = False  # the launch typed --hicache-write-policy (a flag beats the environment)
     enable_hierarchical_cache: bool = False
     storage_backend: Optional[str] = None
     extra_config: Optional[Mapping[str, Any]] = None
@@ -172,9 +174,9 @@ def plan_launch_tuning(
 ) -> LaunchPlan:
     """Decide a CUDA launch's LifeboatCache settings; untouched (inactive) unless LifeboatCache is in use.
 
-    Precedence, per setting: the launch's own flag > LIFEBOAT_SGLANG_* > LifeboatCache default, except
-    the write policy, where a set LIFEBOAT_SGLANG_WRITE_POLICY replaces the launch's policy (the
-    product promise: "the launch's policy unless LIFEBOAT_SGLANG_WRITE_POLICY is set").
+    Precedence, for every setting: the launch's own flag > LIFEBOAT_SGLANG_* > LifeboatCache default
+    (as everywhere in SGLang, a flag on the command line beats an environment variable); each decision
+    says which source won, and an environment value a flag overrode is named as ignored.
     `gpu_memory_bytes` is only called for LIFEBOAT_SGLANG_HOST_GB=auto. Raises ConfigError for an
     invalid environment value, naming the variable and the allowed values.
     """
@@ -319,7 +321,14 @@ def plan_launch_tuning(
             )
 
     # Write policy.
-    if env_policy is not None:
+    if env_policy is not None and facts.write_policy_given:
+        ignored = (f"; {ENV_WRITE_POLICY}={env_policy} ignored: a flag beats the environment"
+                   if env_policy != facts.write_policy else "")
+        decisions.append(Decision("write policy", facts.write_policy, f"the launch gave --hicache-write-policy{ignored}"))
+        if env_policy != facts.write_policy:
+            warnings.append(f"--hicache-write-policy {facts.write_policy} beats {ENV_WRITE_POLICY}={env_policy} "
+                            "(a flag beats the environment); unset the variable or drop the flag")
+    elif env_policy is not None:
         fields = {"hicache_write_policy": env_policy} if env_policy != facts.write_policy else {}
         decisions.append(
             Decision("write policy", env_policy, f"{ENV_WRITE_POLICY}; launch had {facts.write_policy}", fields)
@@ -329,6 +338,9 @@ def plan_launch_tuning(
 
     if is_cpu_launch(facts):
         decisions += [cpu_layout_decision(facts), cpu_prefetch_decision(facts)]
+        tight = cpu_token_pool_warning(facts.available_ram_bytes, facts.hicache_size or int(chosen or 0),
+                                       facts.max_total_tokens)
+        warnings += [tight] if tight else []
     else:
         decisions.append(layout_decision(facts.mem_layout, facts.io_backend))
 

@@ -102,3 +102,26 @@ def is_lifeboat_extra_config(extra_config: Optional[Mapping[str, Any]]) -> bool:
 def backend_extra_config_json() -> str:
     """The `--hicache-storage-backend-extra-config` value the one-variable start uses."""
     return json.dumps(dict(BACKEND_EXTRA_CONFIG), separators=(",", ":"))
+
+
+#: Share of available RAM SGLang 0.5.23's CPU token pool took with no --max-total-tokens (measured on a
+#: 24 GiB host: 1 GB of host pool asked, "-4.57 GB free" left after the 10 GiB reserve).
+CPU_TOKEN_POOL_SHARE = 0.7
+
+
+def cpu_token_pool_warning(available_ram_bytes: int, host_pool_gb: int,
+                           max_total_tokens: Optional[int]) -> Optional[str]:
+    """One line naming the flags to change when a CPU launch would stop with SGLang's "Not enough host
+    memory available": without --max-total-tokens its token pool takes most of the RAM first, then the
+    HiCache host pool is checked against what is left less the 10 GiB reserve. None when it fits."""
+    if max_total_tokens is not None or available_ram_bytes <= 0 or host_pool_gb <= 0:
+        return None
+    left = available_ram_bytes * (1 - CPU_TOKEN_POOL_SHARE) - HOST_RESERVE_BYTES
+    if left >= host_pool_gb * GB:
+        return None
+    return (f"a CPU launch without --max-total-tokens: SGLang's token pool takes about "
+            f"{CPU_TOKEN_POOL_SHARE:.0%} of the {available_ram_bytes / GB:.1f} GB of available RAM, leaving "
+            f"{max(left, 0) / GB:.1f} GB for the {host_pool_gb} GB HiCache host pool after its "
+            f"{HOST_RESERVE_BYTES // GIB} GiB reserve, so SGLang will stop with 'Not enough host memory "
+            "available'; pass --max-total-tokens (e.g. 16384) or a smaller --hicache-size")
+

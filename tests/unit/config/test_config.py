@@ -165,3 +165,32 @@ def test_write_call_size_of_a_file_tier() -> None:
         assert "1MiB" in str(e.value) or "size" in str(e.value)
     with pytest.raises(ConfigError, match="write_call_size"):  # not a key of an s3 tier
         settings_from_dict({"storage": [{"type": "s3", "bucket": "b", "write_call_size": "1MiB"}]})
+
+
+@pytest.mark.parametrize("value", [5, "5", 5.5, " 50 "])
+def test_capacity_without_a_unit_is_refused_naming_the_key_and_an_example(value):
+    """`capacity: 5` was read as 5 bytes: every page evicted at once, `stats` saying `0 B of 5 B`, rc 0."""
+    for kind, extra in (("local", {"path": "/x"}), ("nfs", {"path": "/x"}), ("s3", {"bucket": "b"})):
+        with pytest.raises(ConfigError) as e:
+            settings_from_dict({"storage": [{"type": kind, "capacity": value, **extra}]})
+        assert "storage[0].capacity" in str(e.value) and "no unit" in str(e.value)
+        assert "capacity: 50GB" in str(e.value)
+
+
+def test_capacity_smaller_than_one_segment_is_refused():
+    with pytest.raises(ConfigError, match=r"storage\[0\].capacity: '512KiB' is smaller than one segment"):
+        settings_from_dict({"storage": [{"type": "local", "path": "/x", "capacity": "512KiB"}]})
+    with pytest.raises(ConfigError, match="2 here"):  # split over the drives: at least one segment each
+        settings_from_dict({"storage": [{"type": "local", "paths": ["/a", "/b"], "capacity": "1MiB"}]})
+    s = settings_from_dict({"storage": [{"type": "local", "path": "/x", "capacity": "1MiB"},
+                                        {"type": "s3", "bucket": "b", "capacity": "64KiB"}]})
+    assert s.storage[0].capacity_bytes == 1 << 20 and s.storage[1].capacity_bytes == 64 << 10
+
+
+def test_an_empty_config_file_is_an_error_naming_it(tmp_path):
+    """An empty lifeboat.yaml silently meant the default store (~/.cache/lifeboat)."""
+    for text in ("", "# only a comment\n"):
+        p = tmp_path / "lifeboat.yaml"
+        p.write_text(text)
+        with pytest.raises(ConfigError, match=f"{p}: the config file is empty"):
+            load_settings(p)

@@ -426,3 +426,32 @@ def test_decision_is_frozen() -> None:
     d = rules.Decision("page size", 64, "why", {"page_size": 64})
     with pytest.raises(Exception):
         d.value = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("launch_policy", env.WRITE_POLICIES)
+@pytest.mark.parametrize("env_policy", env.WRITE_POLICIES)
+def test_a_typed_write_policy_beats_the_environment(launch_policy: str, env_policy: str) -> None:
+    """`--hicache-write-policy` on the command line was replaced by LIFEBOAT_SGLANG_WRITE_POLICY: a flag must
+    beat an environment variable, as everywhere in SGLang, and the log must say which won."""
+    plan = plan_launch_tuning(facts(write_policy=launch_policy, write_policy_given=True),
+                              {rules.ENV_WRITE_POLICY: env_policy}, no_gpu)
+    decision = next(d for d in plan.decisions if d.what == "write policy")
+    assert decision.value == launch_policy and "hicache_write_policy" not in plan.fields
+    assert "the launch gave --hicache-write-policy" in decision.why
+    if env_policy != launch_policy:
+        assert f"LIFEBOAT_SGLANG_WRITE_POLICY={env_policy} ignored" in decision.why
+        assert any("a flag beats the environment" in w for w in plan.warnings)
+
+
+def test_a_cpu_launch_that_would_run_out_of_host_memory_is_named_in_one_line() -> None:
+    """docs/sglang.md's CPU line, as written, died at start on a 24 GiB host: "Not enough host memory
+    available. Requesting 1.00 GB but only have -4.57 GB free" (SGLang's CPU token pool took the RAM first)."""
+    cpu = dict(cuda_launch=False, device="cpu", storage_backend="dynamic", enable_hierarchical_cache=True,
+               extra_config=dict(sizing.BACKEND_EXTRA_CONFIG), hicache_size=1, available_ram_bytes=20 * GB)
+    plan = plan_launch_tuning(facts(**cpu), {}, no_gpu)
+    (line,) = [w for w in plan.warnings if "Not enough host memory" in w]
+    assert "--max-total-tokens" in line and "--hicache-size" in line and "\n" not in line
+    assert not any("Not enough host memory" in w for w in
+                   plan_launch_tuning(facts(**{**cpu, "max_total_tokens": 16384}), {}, no_gpu).warnings)
+    assert not any("Not enough host memory" in w for w in  # a large host has room for both
+                   plan_launch_tuning(facts(**{**cpu, "available_ram_bytes": 256 * GB}), {}, no_gpu).warnings)

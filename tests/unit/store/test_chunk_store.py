@@ -183,3 +183,19 @@ def test_wrong_sized_buffer_is_a_miss_not_a_partial_copy(tmp_path):
         assert st.get_into(NS, ["a"], [small]) == [False]
         assert (small == 0).all()  # a miss leaves the caller's buffer untouched: no partial copy
         assert st.contains(NS, ["a"]) == [True]  # an intact record is not dropped for a caller's mistake
+
+
+@pytest.mark.parametrize("ns", [b"ns", b"x" * 32, "n" * 16, bytearray(16), None])
+def test_a_namespace_that_is_not_a_fingerprint_raises(tmp_path, ns):
+    """`put(b"ns", ...)` returned [True], then a fresh process got contains [True] and get_into [False]:
+    a caller bug must raise on every call, and nothing is written."""
+    with ChunkStore.open(settings(tmp_path), background=False) as st:
+        for call in (lambda: st.put(ns, ["k1"], [page(0)]), lambda: st.contains(ns, ["k1"]),
+                     lambda: st.get_into(ns, ["k1"], [np.zeros_like(page(0))]),
+                     lambda: st.count_leading_hits(ns, ["k1"]), lambda: st.affinity_of(ns, ["k1"])):
+            with pytest.raises(ValueError, match="namespace_fingerprint"):
+                call()
+        assert st.stats()["tiers"][0]["pages"] == 0
+    with ChunkStore.open(settings(tmp_path), background=False) as st:  # a fresh process: contains == get_into
+        buf = np.zeros_like(page(0))
+        assert st.contains(NS, ["k1"]) == st.get_into(NS, ["k1"], [buf]) == [False]
