@@ -25,8 +25,8 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..records import (
-    DTYPE_ITEMSIZE, DTYPE_NAMES, HEADER_SIZE, NONCE_BYTES, OPENABLE_REASONS, SEAL_OVERHEAD, TAG_BYTES, Header,
-    RecordError, unpack_header, verify_record)
+    DTYPE_ITEMSIZE, DTYPE_NAMES, HEADER_SIZE, NONCE_BYTES, OPENABLE_REASONS, RAW, SEAL_OVERHEAD, TAG_BYTES,
+    Header, RecordError, unpack_header, verify_record)
 from ..tiers import RecordRuns, Ref, Tier
 from .calls import chunks
 from .context import StoreContext
@@ -226,6 +226,12 @@ class ReadPath:
         record (not an intact one of another key or size) is dropped from the index and quarantined."""
         try:
             h = unpack_header(bufs[0])
+            if direct and (h.codec != RAW or (len(bufs[0]) > HEADER_SIZE) != h.sealed):
+                # read straight in by its length alone, but laid out otherwise (a sealed compressed
+                # page of a few hundred bytes is as long as a raw one): the whole record out of the
+                # page into a buffer of its own, then decoded from there like any private read
+                bufs[:] = [memoryview(b"".join(bytes(b) for b in bufs))]
+                direct = False
             payload = (([bufs[0][HEADER_SIZE:], *bufs[1:]] if h.sealed else bufs[1:]) if direct
                        else bufs[0][HEADER_SIZE:])
             if h.raw_len != w.size:
@@ -237,6 +243,9 @@ class ReadPath:
             else:
                 self.ctx.sealer.decode_into(h, payload, w.dst)
         except RecordError as e:
+            if direct:  # never leave a refused record's bytes (planted, or opened before its tag failed)
+                for piece in w.dst:  # in the caller's page
+                    piece.view(np.uint8)[...] = 0
             self.ctx.counters.add(f"miss_{e.reason}")
             # intact records of other keys, and ones another process may open (a key this one does not
             # hold, plaintext while sealed ones are required: gc drops those), are left alone

@@ -23,7 +23,8 @@ from test_fuzz_codec import DIGEST, NS, _figure, _settings, damage, judge_read, 
 from lifeboat_cache.records import codec  # noqa: E402
 from lifeboat_cache.records.codec import HEADER_SIZE, SEAL_OVERHEAD
 from lifeboat_cache.records.payloads import RecordError  # noqa: E402
-from lifeboat_cache.records.sealing import Key, Keyring, Sealer, key_id  # noqa: E402
+from lifeboat_cache.records.keyring import Key, Keyring, key_id  # noqa: E402
+from lifeboat_cache.records.sealing import Sealer  # noqa: E402
 
 
 def _sealer(raw: bytes) -> Sealer:

@@ -19,19 +19,8 @@ from lifeboat_cache import ChunkStore, namespace_fingerprint
 from lifeboat_cache.cli import main as cli_main
 from lifeboat_cache.config import ConfigError, load_settings, settings_from_dict
 from lifeboat_cache.records import codec, payloads
-from lifeboat_cache.records.sealing import (
-    AUTH,
-    NO_KEY,
-    UNKNOWN_KEY,
-    UNSEALED,
-    Nonces,
-    Sealer,
-    key_id,
-    key_id_text,
-    load_keyring,
-    read_key_file,
-    sealer_for,
-)
+from lifeboat_cache.records.keyring import key_id, key_id_text, load_keyring, read_key_file
+from lifeboat_cache.records.sealing import AUTH, NO_KEY, UNKNOWN_KEY, UNSEALED, Nonces, Sealer, sealer_for
 
 NS = namespace_fingerprint(model="sealing-test", dtype="bfloat16", page_size=64)
 NS_B = namespace_fingerprint(model="sealing-test", dtype="bfloat16", page_size=64, key_namespace="b")
@@ -434,7 +423,7 @@ def test_sealer_alone_round_trips_every_codec_and_refuses_plaintext() -> None:
 
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from lifeboat_cache.records.sealing import Key, Keyring
+    from lifeboat_cache.records.keyring import Key, Keyring
 
     raw = os.urandom(32)
     k = Key(key_id(raw), Path("mem"), AESGCM(raw), raw)

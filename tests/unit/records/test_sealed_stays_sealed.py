@@ -1,0 +1,136 @@
+"""Sealed stores that stay sealed (issue 27): one test per finding of the attacker / operator checks.
+
+Small sealed compressed pages round-trip; an empty LIFEBOAT_KEY_FILE is an error, never plaintext; a
+failed open leaves no decrypted (or planted) bytes in the caller's page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.sealed import encryption, forge_checksums, make_key, plant, raw_record
+
+from lifeboat_cache import ChunkStore, namespace_fingerprint
+from lifeboat_cache.config import ConfigError, load_settings, settings_from_dict
+from lifeboat_cache.records import codec
+from lifeboat_cache.records.codec import SEAL_OVERHEAD
+
+NS = namespace_fingerprint(model="sealed-stays-sealed", dtype="bfloat16", page_size=64)
+
+
+def settings(tmp: Path, enc: dict[str, object] | None, **tier: object):
+    doc: dict[str, object] = {"storage": [{"type": "local", "path": str(tmp / "store"), "capacity": "64MiB",
+                                           "segment_size": "1MiB", **tier}], "engine": {"io_workers": 2}}
+    if enc is not None:
+        doc["encryption"] = enc
+    return settings_from_dict(doc)
+
+
+def misses(st: ChunkStore) -> dict[str, int]:
+    return {k: v for k, v in st.stats()["counters"].items() if k.startswith("miss_") or k == "quarantined"}
+
+
+def page_compressing_to(n: int, inner: int) -> np.ndarray:
+    """An n-byte bf16-like page whose compressed payload is exactly `inner` bytes (searched, seeded)."""
+    for seed in range(3):
+        noise = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+        for k in range(n):
+            p = np.zeros(n, np.uint8)
+            p[:k] = noise[:k]
+            c, _, _, stored = codec.encode_page(p, 2, True)
+            if c != codec.RAW and stored == inner:
+                return p.view(np.uint16)
+    raise AssertionError(f"no {n}-byte page compressing to {inner} bytes found")
+
+
+# ------------------------------------------------------------------ 1: small sealed compressed pages
+@pytest.mark.parametrize("size", [256, 512])  # compressed payloads are kept under 0.95x: < 560 B
+def test_small_sealed_compressed_page_whose_record_looks_raw_round_trips(tmp_path: Path, size: int) -> None:
+    """A page compressing to exactly its size minus the seal overhead makes a record as long as a
+    plaintext raw one: the read path must not take it for one (it was a miss and quarantined)."""
+    p = page_compressing_to(size, size - SEAL_OVERHEAD)
+    key = make_key(tmp_path)
+    with ChunkStore.open(settings(tmp_path, encryption(key), compression="zstd"), background=False) as st:
+        assert st.put(NS, ["small"], [p]) == [True]
+        rec = raw_record(st, NS, "small")
+        assert len(rec) == codec.HEADER_SIZE + size and codec.unpack_header(rec).codec != codec.RAW
+    with ChunkStore.open(settings(tmp_path, encryption(key), compression="zstd"), background=False) as st:
+        out = np.empty_like(p)
+        assert st.get_into(NS, ["small"], [out]) == [True]
+        assert np.array_equal(out, p)
+        out2 = [np.empty(size // 2, np.uint8), np.empty(size - size // 2, np.uint8)]  # scatter-gather page
+        assert st.get_into(NS, ["small"], [out2]) == [True]
+        assert np.array_equal(np.concatenate(out2), p.view(np.uint8))
+        assert misses(st) == {}
+
+
+# ------------------------------------------------------------------ 2: an empty key source is an error
+@pytest.mark.parametrize("value", ["", "   "])
+def test_empty_lifeboat_key_file_is_an_error_naming_the_variable(tmp_path: Path, value: str) -> None:
+    cfg = tmp_path / "lifeboat.yaml"
+    cfg.write_text(f"storage:\n  - type: local\n    path: {tmp_path / 's'}\n")
+    with pytest.raises(ConfigError, match=r"^LIFEBOAT_KEY_FILE=.*is empty.*unset LIFEBOAT_KEY_FILE"):
+        load_settings(cfg, env={"LIFEBOAT_KEY_FILE": value})
+    assert not load_settings(cfg, env={}).encryption.enabled  # unset: off, as before
+
+
+def test_empty_key_file_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    empty = make_key(tmp_path, "empty.key", key=b"")
+    with pytest.raises(ConfigError, match=f"encryption key file {empty}: 0 bytes.*lifeboat keygen"):
+        ChunkStore.open(settings(tmp_path, encryption(empty)), background=False)
+    assert not (tmp_path / "store").exists()
+
+
+# ------------------------------------------------------------------ 6: no decrypted bytes after a failed open
+@pytest.mark.parametrize("pieces", [1, 3])
+def test_a_failed_open_leaves_no_decrypted_bytes_in_the_page(tmp_path: Path, pieces: int) -> None:
+    """A flipped ciphertext bit (checksums forged) read straight into the page: the tag refuses it,
+    and the page holds none of the plaintext (it held the decrypted page with one bit flipped)."""
+    key = make_key(tmp_path)
+    p = np.arange(4096, dtype=np.uint16).view(np.uint8)  # no zero byte in a 64-byte window
+    with ChunkStore.open(settings(tmp_path, encryption(key)), background=False) as st:
+        assert st.put(NS, ["p"], [p]) == [True]
+        bad = bytearray(raw_record(st, NS, "p"))
+        bad[codec.HEADER_SIZE + 12 + 100] ^= 0x04
+        plant(st, NS, "p", forge_checksums(bad))
+        cut = np.linspace(0, p.nbytes, pieces + 1).astype(int)
+        out = [np.full(b - a, 0xAB, np.uint8) for a, b in zip(cut[:-1], cut[1:])]
+        assert st.get_into(NS, ["p"], [out]) == [False]
+        got = np.concatenate(out)
+        assert not (got == p).sum() > p.nbytes // 4, "decrypted bytes left in the caller's page"
+        assert misses(st).get("miss_sealed_auth") == 1
+
+
+def test_a_refused_plaintext_record_read_into_the_page_is_wiped(tmp_path: Path) -> None:
+    """A planted plaintext raw record is read straight into the page, then refused (require_sealed):
+    its bytes do not stay in the caller's page."""
+    key = make_key(tmp_path)
+    planted = np.full(8192, 0x5A, np.uint8)
+    with ChunkStore.open(settings(tmp_path, encryption(key)), background=False) as st:
+        header, parts, _ = codec.build_record(planted, itemsize=2, dtype=codec.DTYPE_CODES["u2"],
+                                              digest=bytes(16), namespace=NS, compress=False)
+        from support.sealed import with_identity
+
+        plant(st, NS, "x", with_identity(header + b"".join(bytes(memoryview(q)) for q in parts), NS, "x"))
+        out = np.zeros(8192, np.uint8)
+        assert st.get_into(NS, ["x"], [out]) == [False]
+        assert not (out == 0x5A).any()
+        assert misses(st) == {"miss_unsealed": 1}
+
+
+def test_sealer_open_into_a_buffer_wipes_it_on_a_bad_tag(tmp_path: Path) -> None:
+    from lifeboat_cache.records.sealing import sealer_for
+
+    s = sealer_for(settings(tmp_path, encryption(make_key(tmp_path))).encryption)
+    p = np.arange(2048, dtype=np.uint16).view(np.uint8)
+    h, parts, _ = s.build(p, itemsize=2, dtype=codec.DTYPE_CODES["u2"], digest=bytes(16), namespace=NS,
+                          compress=False)
+    rec = bytearray(h + bytes(memoryview(parts[0])))
+    rec[codec.HEADER_SIZE + 40] ^= 1
+    out = np.full_like(p, 0xAB)
+    with pytest.raises(Exception) as e:
+        s.decode_into(codec.unpack_header(rec), memoryview(rec)[codec.HEADER_SIZE:], [out])
+    assert getattr(e.value, "reason", None) == "sealed_auth"
+    assert (out == p).sum() < p.nbytes // 4
+
