@@ -19,7 +19,7 @@ every seal) and when the counter wraps (2^32 records), so within a writer nonces
 two writers (processes, hosts, stores) collide only if their random 64-bit ids do: with W writer ids
 ever drawn under one key, probability about W^2 / 2^65 (1e-8 for 600,000 writer ids).
 
-Keys, key files and the keyring are keyring.py's.
+Keys, key files and the keyring are keyring.py's; the mark a sealed store leaves in its tiers, seal_mark.py's.
 """
 
 from __future__ import annotations
@@ -107,6 +107,10 @@ class Sealer:
     @property
     def active(self) -> bool:
         return self.keyring is not None
+
+    def refuse_plaintext(self) -> None:
+        """Serve no plaintext record from now on, also without a key (a store marked sealed)."""
+        self.require_sealed = True
 
     # ------------------------------------------------------------------ writing
     def build(self, page: np.ndarray | Sequence[np.ndarray], *, itemsize: int, dtype: int, digest: bytes,

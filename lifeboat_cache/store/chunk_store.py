@@ -36,6 +36,7 @@ from .context import StoreContext
 from .copier import DEFAULT_COPY_WORKERS, Copier
 from .pages import page_view, writable
 from .read import ReadPath
+from .seal_marks import check_seal_marks
 from .write import WritePath
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ class ChunkStore:
         but nothing is evicted (`verify --fix`). Only `gc` and serving processes evict. `seal=False`
         (the CLI's inspection and maintenance): with `encryption:` on, a config whose key_namespace has
         no key of its own still opens (every listed key opens records; no page can be written).
+        A store that may write pages writes its seal mark into each tier, and without a key refuses
+        (ConfigError) a tier marked sealed (store/seal_marks.py).
         """
         settings = settings or load_settings()
         # key file trouble is a ConfigError before any tier is opened
@@ -129,6 +132,8 @@ class ChunkStore:
                 tiers.append(open_tier(ts, background=background, io_workers=settings.engine.io_workers,
                                        deadline_s=settings.engine.deadline_s, read_only=read_only,
                                        evict=evict))
+            # a sealed store stays sealed: this store's mark written, or a keyless writer refused
+            check_seal_marks(tiers, sealer, writes=seal and not read_only)
         except BaseException:
             for t in tiers:
                 t.close()

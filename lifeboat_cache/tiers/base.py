@@ -6,7 +6,7 @@ misses and a cooldown); a stale location returns False.
 
 What a tier can do beyond the `Tier` core is declared, never probed for: the `batch_writes` flag, and
 the capability mixins below (`Probing`, `Auditing`, `Describing`, `SegmentDirs`, `RecordRuns`,
-`ObjectPurging`) that a tier lists among its bases. Callers check them with `isinstance`; the conformance suite
+`ObjectPurging`, `Marking`) that a tier lists among its bases. Callers check them with `isinstance`; the conformance suite
 (testing/tiers.py) checks that a tier declares exactly the capabilities whose methods it has.
 """
 
@@ -166,6 +166,21 @@ class ObjectPurging(ABC):
     @abstractmethod
     def purge_objects(self, lines: list[dict[str, object]]) -> dict[str, Any]:
         """Apply purge.list rule lines to the stored units now; counts for the purge report."""
+
+
+class Marking(ABC):
+    """A tier that keeps small named marks about itself next to its units (a sealed store's seal
+    mark, records/seal_mark.py): files in each directory, objects under the prefix. The store decides
+    what they mean; the tier only lists, reads and writes them."""
+
+    @abstractmethod
+    def read_marks(self, prefix: str, limit_bytes: int) -> dict[str, bytes]:
+        """name -> contents (at most limit_bytes read; b"" when unreadable) of every mark whose name
+        starts with `prefix`, in every part; raises OSError when the tier cannot be listed."""
+
+    @abstractmethod
+    def write_mark(self, name: str, data: bytes) -> None:
+        """Create or replace a mark in every part, atomically; raises OSError."""
 
 
 class SingleIndexTier(Tier):

@@ -1,20 +1,24 @@
 """Sealed stores that stay sealed (issue 27): one test per finding of the attacker / operator checks.
 
 Small sealed compressed pages round-trip; an empty LIFEBOAT_KEY_FILE is an error, never plaintext; a
-failed open leaves no decrypted (or planted) bytes in the caller's page."""
+failed open leaves no decrypted (or planted) bytes in the caller's page; a sealed store marks its
+tiers, and a process without the key refuses to write into it."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support.sealed import encryption, forge_checksums, make_key, plant, raw_record
+from support.sealed import encryption, forge_checksums, make_key, plant, raw_record, with_identity
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
 from lifeboat_cache.config import ConfigError, load_settings, settings_from_dict
 from lifeboat_cache.records import codec
 from lifeboat_cache.records.codec import SEAL_OVERHEAD
+from lifeboat_cache.records.keyring import Key, key_id, read_key_file
+from lifeboat_cache.records.seal_mark import mark_name, mark_verifies
 
 NS = namespace_fingerprint(model="sealed-stays-sealed", dtype="bfloat16", page_size=64)
 
@@ -110,8 +114,6 @@ def test_a_refused_plaintext_record_read_into_the_page_is_wiped(tmp_path: Path) 
     with ChunkStore.open(settings(tmp_path, encryption(key)), background=False) as st:
         header, parts, _ = codec.build_record(planted, itemsize=2, dtype=codec.DTYPE_CODES["u2"],
                                               digest=bytes(16), namespace=NS, compress=False)
-        from support.sealed import with_identity
-
         plant(st, NS, "x", with_identity(header + b"".join(bytes(memoryview(q)) for q in parts), NS, "x"))
         out = np.zeros(8192, np.uint8)
         assert st.get_into(NS, ["x"], [out]) == [False]
@@ -134,3 +136,84 @@ def test_sealer_open_into_a_buffer_wipes_it_on_a_bad_tag(tmp_path: Path) -> None
     assert getattr(e.value, "reason", None) == "sealed_auth"
     assert (out == p).sum() < p.nbytes // 4
 
+
+
+# ------------------------------------------------------------------ 4: a sealed store says so
+def _mark(tmp_path: Path, key: Path, name: str = "store") -> Path:
+    kid = key_id(read_key_file(key))
+    return tmp_path / name / mark_name(kid)
+
+
+def test_a_sealed_store_marks_each_drive_with_a_mark_only_its_key_makes(tmp_path: Path) -> None:
+    key = make_key(tmp_path / "keys")
+    doc = {"storage": [{"type": "local", "paths": [str(tmp_path / "d0"), str(tmp_path / "d1")]}],
+           "encryption": encryption(key)}
+    with ChunkStore.open(settings_from_dict(doc), background=False):
+        pass
+    raw = read_key_file(key)
+    for d in ("d0", "d1"):
+        data = _mark(tmp_path, key, d).read_bytes()
+        assert mark_verifies(Key(key_id(raw), key, None, raw), data)
+        assert raw not in data and raw.hex().encode() not in data and b"sealed" in data
+        assert (_mark(tmp_path, key, d).stat().st_mode & 0o777) == 0o600
+    other = os.urandom(32)
+    assert not mark_verifies(Key(key_id(other), key, None, other), data)
+
+
+def test_a_process_without_a_key_refuses_to_write_into_a_sealed_store(tmp_path: Path) -> None:
+    key = make_key(tmp_path / "keys")
+    with ChunkStore.open(settings(tmp_path, encryption(key)), background=False) as st:
+        assert st.put(NS, ["a"], [np.ones(4096, np.uint16)]) == [True]
+    before = sorted(p.name for p in (tmp_path / "store").iterdir())
+    with pytest.raises(ConfigError) as e:
+        ChunkStore.open(settings(tmp_path, None), background=False)
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path / "store") in msg and "is a sealed store" in msg
+    assert "LIFEBOAT_KEY_FILE" in msg and "encryption.keys" in msg
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == before  # nothing written
+    # the same through lifeboat.yaml without `encryption:` and an unset LIFEBOAT_KEY_FILE
+    cfg = tmp_path / "plain.yaml"
+    cfg.write_text(f"storage:\n  - type: local\n    path: {tmp_path / 'store'}\n")
+    with pytest.raises(ConfigError, match="is a sealed store"):
+        ChunkStore.open(load_settings(cfg, env={}), background=False)
+
+
+def test_without_a_key_a_marked_store_serves_no_plaintext(tmp_path: Path) -> None:
+    """require_sealed is on once the mark exists, also for a process without a key that only looks:
+    a plaintext record in a sealed store was planted by a writer without the key."""
+    key = make_key(tmp_path / "keys")
+    with ChunkStore.open(settings(tmp_path, encryption(key)), background=False):
+        pass
+    planted = np.full(4096, 7, np.uint16)
+    with ChunkStore.open(settings(tmp_path, None), background=False, seal=False) as st:
+        header, parts, _ = codec.build_record(planted.view(np.uint8), itemsize=2, dtype=codec.DTYPE_CODES["u2"],
+                                              digest=bytes(16), namespace=NS, compress=False)
+        plant(st, NS, "p", with_identity(header + b"".join(bytes(memoryview(q)) for q in parts), NS, "p"))
+        assert st.get_into(NS, ["p"], [np.empty_like(planted)]) == [False]
+        assert misses(st) == {"miss_unsealed": 1}
+    # an unmarked plaintext store is still served without a key (encryption off)
+    with ChunkStore.open(settings(tmp_path / "plain", None), background=False) as st:
+        assert st.put(NS, ["p"], [planted]) == [True]
+        out = np.empty_like(planted)
+        assert st.get_into(NS, ["p"], [out]) == [True] and np.array_equal(out, planted)
+
+
+def test_a_forged_mark_is_written_again_and_other_keys_marks_are_left_alone(tmp_path: Path,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    key, other = make_key(tmp_path / "keys", "a.key"), make_key(tmp_path / "keys", "b.key")
+    (tmp_path / "store").mkdir()
+    _mark(tmp_path, key).write_bytes(b"forged by a writer without the key\n")
+    with ChunkStore.open(settings(tmp_path, encryption(other)), background=False):
+        pass
+    with caplog.at_level("WARNING"), ChunkStore.open(settings(tmp_path, encryption(key)), background=False):
+        pass
+    raw = read_key_file(key)
+    assert mark_verifies(Key(key_id(raw), key, None, raw), _mark(tmp_path, key).read_bytes())
+    assert "does not verify" in caplog.text
+    assert _mark(tmp_path, other).exists()  # the other key's mark stays
+    # a migration (require_sealed off) and the CLI's inspection write no mark
+    with ChunkStore.open(settings(tmp_path / "m", encryption(key, require_sealed=False)), background=False):
+        pass
+    with ChunkStore.open(settings(tmp_path / "i", encryption(key)), background=False, seal=False):
+        pass
+    assert not list((tmp_path / "m").glob("**/sealed-*")) and not list((tmp_path / "i").glob("**/sealed-*"))
