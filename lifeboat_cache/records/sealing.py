@@ -108,6 +108,26 @@ class Sealer:
     def active(self) -> bool:
         return self.keyring is not None
 
+    def rank(self, record: bytes | memoryview) -> int:
+        """A whole record's rank, for a scan that meets a page twice (tiers/segments/twins.py): 2 this
+        store serves it (checked and opened), 1 intact but not for this store (sealed with a key it
+        does not hold), 0 refused (plaintext where sealed records are required, a tag that does not
+        verify), -1 not an intact record."""
+        view = memoryview(record)
+        try:
+            h = codec.verify_record(view[: codec.HEADER_SIZE], view[codec.HEADER_SIZE:])
+        except RecordError:
+            return -1
+        if not h.sealed:
+            return 0 if self.require_sealed else 2
+        if self.keyring is None or h.key_id not in (self.keyring.serving or self.keyring.every):
+            return 1
+        try:
+            self.open(h, view[codec.HEADER_SIZE:], serving=False)
+        except RecordError:
+            return 0
+        return 2
+
     def refuse_plaintext(self) -> None:
         """Serve no plaintext record from now on, also without a key (a store marked sealed)."""
         self.require_sealed = True

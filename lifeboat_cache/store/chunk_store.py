@@ -28,7 +28,7 @@ from ..config import Settings, TierSettings, load_settings
 from ..cooldown import Cooldown
 from ..metrics import Counters
 from ..records import UNKNOWN_KEY, UNSEALED, DigestCache, Header, Sealer, sealer_for
-from ..tiers import Tier, open_tier
+from ..tiers import Auditing, Tier, open_tier
 from ..tracing import trace_store
 from . import maint
 from .calls import IoCalls
@@ -131,7 +131,7 @@ class ChunkStore:
             for ts in settings.storage:
                 tiers.append(open_tier(ts, background=background, io_workers=settings.engine.io_workers,
                                        deadline_s=settings.engine.deadline_s, read_only=read_only,
-                                       evict=evict))
+                                       evict=evict, rank=sealer.rank))  # twins: the copy that opens
             # a sealed store stays sealed: this store's mark written, or a keyless writer refused
             check_seal_marks(tiers, sealer, writes=seal and not read_only)
         except BaseException:
@@ -277,6 +277,9 @@ class ChunkStore:
         if dropped:
             self.counters.add("gc_dropped_unreadable", dropped)
             log.warning("lifeboat: gc dropped %d record(s) no configured key opens", dropped)
+            for tier in self.tiers:  # a dropped record's twin that opens is indexed again, so compaction
+                if isinstance(tier, Auditing):  # (which keeps indexed records only) never removes it
+                    tier.audit(fix=True)
         return dropped
 
     def drop_records(self, why: Callable[[Header], str | None]) -> int:

@@ -6,15 +6,16 @@ misses and a cooldown); a stale location returns False.
 
 What a tier can do beyond the `Tier` core is declared, never probed for: the `batch_writes` flag, and
 the capability mixins below (`Probing`, `Auditing`, `Describing`, `SegmentDirs`, `RecordRuns`,
-`ObjectPurging`, `Marking`) that a tier lists among its bases. Callers check them with `isinstance`; the conformance suite
-(testing/tiers.py) checks that a tier declares exactly the capabilities whose methods it has.
+`ObjectPurging`, `Marking`) that a tier lists among its bases. Callers check them with `isinstance`;
+the conformance suite (testing/tiers.py) checks that a tier declares exactly the capabilities whose
+methods it has. `settle_twins`, at the end, is the one rule for a key an index rebuild meets twice.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
@@ -197,3 +198,53 @@ class SingleIndexTier(Tier):
 
     def write(self, ikey: int, digest: bytes, bufs: Sequence[object], length: int, affinity: int = 0) -> Ref:
         return self.write_many([(ikey, digest, bufs, length)], affinity)[0]
+
+
+# ---- twins: a key met twice by an index rebuild (local, nfs, s3)
+
+Rank = Callable[[bytes], int]  # a whole record's rank (records/sealing.py `Sealer.rank`): higher is kept
+
+
+def settle_twins(index: Index, rank: Rank | None, read: Callable[[int, int, int], bytes | None], keys: np.ndarray,
+                 units: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Scanned entries (int64 keys, unit ids, offsets, lengths) to insert if absent, twins settled.
+
+    Why: an index entry names one record per key. A writer without the key can copy a plaintext (or
+    otherwise unopenable) twin of a page into a sealed store; whichever copy a rebuild indexed then
+    shadowed the other, so every read of the page missed across restarts, and gc, which keeps only
+    indexed records, deleted the copy that opens. With the store's `rank`, a key already indexed or
+    met twice in one batch has its copies read (`read(unit, offset, length)`, None when unreadable)
+    and ranked: an indexed entry that ranks below a scanned copy is replaced here (index.insert), a
+    scanned copy that ranks below another is left out; on a tie the old rule stands (what is indexed
+    stays; within a batch the later record). The tier never decides what a rank means. Cost: one
+    index lookup per scanned key, and each copy of a twice-met key read and checked (rare: pages
+    are content addressed and written once; a planted twin costs what reading it once costs).
+    """
+    if rank is None or not len(keys):
+        return keys, units, offs, lens
+    again = index.contains(keys)
+    order = np.argsort(keys, kind="stable")
+    same = keys[order][1:] == keys[order][:-1]
+    again[order[1:][same]] = True
+    again[order[:-1][same]] = True
+    if not again.any():
+        return keys, units, offs, lens
+
+    def rank_at(unit: int, off: int, n: int) -> int:
+        data = read(unit, off, n)
+        return -1 if data is None else rank(data)
+
+    keep = np.ones(len(keys), bool)
+    groups: dict[int, list[int]] = {}
+    for i in np.flatnonzero(again).tolist():
+        groups.setdefault(int(keys[i]), []).append(i)
+    for key, idx in groups.items():
+        best_rank, best = max((rank_at(int(units[i]), int(offs[i]), int(lens[i])), i) for i in idx)
+        keep[idx] = False
+        cur = index.get(key)
+        if cur is None:
+            keep[best] = True  # twins within the batch only: the best one goes in
+        elif (cur.unit, cur.offset) != (int(units[best]), int(offs[best])) and \
+                best_rank > rank_at(cur.unit, cur.offset, cur.length):
+            index.insert(key, Loc(int(units[best]), int(offs[best]), int(lens[best])))
+    return keys[keep], units[keep], offs[keep], lens[keep]

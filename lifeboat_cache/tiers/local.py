@@ -14,7 +14,7 @@ import numpy as np
 from ..config import TierSettings
 from ..fsio import open_file, replacing_file
 from ..records import Record
-from .base import Auditing, Describing, Marking, RecordRuns, Ref, SegmentDirs, Tier
+from .base import Auditing, Describing, Marking, Rank, RecordRuns, Ref, SegmentDirs, Tier
 from .segments import DirSettings, SegmentDir
 
 
@@ -24,7 +24,7 @@ class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns, Marking):
     segment_dir_cls: type[SegmentDir] = SegmentDir  # nfs swaps in its NFS-aware subclass
 
     def __init__(self, settings: TierSettings, name: str | None = None, stripes: int = 4, *,
-                 read_only: bool = False, evict: bool = True) -> None:
+                 read_only: bool = False, evict: bool = True, rank: Rank | None = None) -> None:
         self.settings = settings
         self.name = name or f"{self.kind}:{','.join(str(p) for p in settings.paths)}"
         per_dir = None if settings.capacity_bytes is None else settings.capacity_bytes // len(settings.paths)
@@ -34,7 +34,8 @@ class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns, Marking):
             stripes=stripes, file_mode=settings.file_mode, dir_mode=settings.dir_mode, max_age_s=settings.max_age_s,
             write_call_bytes=settings.write_call_bytes)
         self.dirs = [
-            self.segment_dir_cls(p, dir_settings, name=f"{self.kind}{i}", read_only=read_only, evict=evict)
+            self.segment_dir_cls(p, dir_settings, name=f"{self.kind}{i}", read_only=read_only, evict=evict,
+                                 rank=rank)
             for i, p in enumerate(settings.paths)
         ]
 

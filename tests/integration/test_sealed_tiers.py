@@ -253,3 +253,26 @@ def test_a_sealed_shared_tier_is_marked_and_refuses_a_writer_without_the_key(tmp
         assert get(look, ["p"], [page(2)]) == [False] and misses(look) == {f"miss_{UNSEALED}": 1}
     with store([entry], key) as st:  # the key holder still reads its page
         assert get(st, ["a"], [page(1)]) == [True]
+
+
+@pytest.mark.parametrize("kind", ["nfs", "s3"])
+def test_a_planted_plaintext_twin_never_shadows_the_page_on_a_shared_tier(tmp_path: Path, kind: str,
+                                                                          s3_endpoint: str) -> None:
+    """A writer with storage access and a key of its own (or none) adds plaintext twins of the
+    victim's pages, newer than them (a newer S3 object, a newer segment with the index snapshot
+    removed): the victim's fresh index keeps the copies that open, and every page is served."""
+    key, other = make_key(tmp_path / "keys", "victim.key"), make_key(tmp_path / "keys", "attacker.key")
+    entry = tier_entry(kind, tmp_path, s3_endpoint)
+    ks, ps = keys(4), [page(i) for i in range(4)]
+    with store([entry], key) as st:
+        assert all(st.put(NS, ks, ps))
+    with store([entry], other) as attacker:
+        for k, p in zip(ks, ps):
+            header, parts, _ = codec.build_record(p.view(np.uint8), itemsize=2, dtype=codec.DTYPE_CODES["u2"],
+                                                  digest=bytes(16), namespace=NS, compress=False)
+            plant(attacker, NS, k, with_identity(header + b"".join(bytes(memoryview(q)) for q in parts), NS, k))
+    if kind == "nfs":
+        (tmp_path / "t" / "index.snapshot").unlink()
+    with store([entry], key) as st:
+        assert get(st, ks, ps) == [True] * 4, misses(st)
+        assert misses(st) == {}

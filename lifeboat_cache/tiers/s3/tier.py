@@ -37,7 +37,7 @@ from ...config import DEFAULT_DEADLINE_S, DEFAULT_IO_WORKERS, TierSettings
 from ...index import Index, Loc
 from ...metrics import Counters
 from ...records import build_trailer, raw_length, writer_tag
-from ..base import Describing, Marking, ObjectPurging, Probing, Ref, SingleIndexTier
+from ..base import Describing, Marking, ObjectPurging, Probing, Rank, Ref, SingleIndexTier
 from .client import DELETE_BATCH_KEYS, STALE_CODES, S3Client, S3Error
 from .listing import Lister
 from .objects import ObjectTable, parse_name
@@ -66,7 +66,7 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
 
     def __init__(self, settings: TierSettings, *, io_workers: int = DEFAULT_IO_WORKERS,
                  client: Any = None, name: str | None = None, deadline_s: float | None = None,
-                 read_only: bool = False, evict: bool = True) -> None:
+                 read_only: bool = False, evict: bool = True, rank: Rank | None = None) -> None:
         if not settings.bucket:
             raise ValueError("an s3 tier needs a bucket")
         self.settings = settings
@@ -95,7 +95,7 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
         self.lister = Lister(self.client, self.objects, self.counters, name=self.name,
                              data_prefix=self.data_prefix, quarantine_prefix=self.quarantine_prefix,
                              fetch_workers=self.fetch_workers, refresh_interval_s=self.refresh_interval_s,
-                             closed=self._closed)
+                             closed=self._closed, rank=rank)
 
     @property
     def list_page_keys(self) -> int:

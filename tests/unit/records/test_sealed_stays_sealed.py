@@ -14,6 +14,7 @@ import pytest
 from support.sealed import encryption, forge_checksums, make_key, plant, raw_record, with_identity
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
+from lifeboat_cache.cli import main as cli_main
 from lifeboat_cache.config import ConfigError, load_settings, settings_from_dict
 from lifeboat_cache.records import codec
 from lifeboat_cache.records.codec import SEAL_OVERHEAD
@@ -217,3 +218,63 @@ def test_a_forged_mark_is_written_again_and_other_keys_marks_are_left_alone(tmp_
     with ChunkStore.open(settings(tmp_path / "i", encryption(key)), background=False, seal=False):
         pass
     assert not list((tmp_path / "m").glob("**/sealed-*")) and not list((tmp_path / "i").glob("**/sealed-*"))
+
+
+# ------------------------------------------------------------------ 3: a planted twin never shadows the page
+TWINS = ("plaintext", "other_key", "bad_tag")
+
+
+def plant_twins(tmp_path: Path, victim: Path, records: dict[str, bytes], ps: list[np.ndarray], kind: str,
+                newer: bool) -> None:
+    """What a writer without the key does: twins of the victim's pages (plaintext, sealed with a key of
+    its own, or the victim's records with a flipped bit and forged checksums) in a segment file of its
+    own, copied into the victim's directory named older or newer than the victim's, and the index
+    snapshot removed (so the next open rescans every segment)."""
+    other = make_key(tmp_path / "attacker", "own.key")
+    with ChunkStore.open(settings(tmp_path / "attacker", encryption(other)), background=False) as a:
+        for k, p in zip(records, ps):
+            if kind == "other_key":
+                assert a.put(NS, [k], [p]) == [True]
+                continue
+            if kind == "plaintext":
+                header, parts, _ = codec.build_record(p.view(np.uint8), itemsize=2, dtype=codec.DTYPE_CODES["u2"],
+                                                      digest=bytes(16), namespace=NS, compress=False)
+                rec = with_identity(header + b"".join(bytes(memoryview(q)) for q in parts), NS, k)
+            else:
+                rec = bytearray(records[k])
+                rec[codec.HEADER_SIZE + 20] ^= 0x10
+                rec = forge_checksums(rec)
+            plant(a, NS, k, rec)
+    mine = sorted((tmp_path / "store").glob("*.seg"))
+    ms = int(mine[-1 if newer else 0].name.split("-", 1)[0]) + (1000 if newer else -1000)
+    for seg in (tmp_path / "attacker" / "store").glob("*.seg"):
+        seg.rename(victim / f"{ms:013d}-{seg.name.split('-', 1)[1]}")
+        ms += 1
+    (victim / "index.snapshot").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("newer", [True, False], ids=["twin-newer", "twin-older"])
+@pytest.mark.parametrize("kind", TWINS)
+def test_a_planted_twin_never_shadows_the_page_that_opens_and_gc_keeps_it(
+        tmp_path: Path, kind: str, newer: bool, capsys: pytest.CaptureFixture) -> None:
+    key = make_key(tmp_path / "keys")
+    ks, ps = [f"t{i}" for i in range(5)], [np.arange(4096, dtype=np.uint16) * (i + 1) for i in range(5)]
+    with ChunkStore.open(settings(tmp_path, encryption(key)), background=False) as st:
+        assert all(st.put(NS, ks, ps))
+        records = {k: raw_record(st, NS, k) for k in ks}
+    plant_twins(tmp_path, tmp_path / "store", records, ps, kind, newer)
+    for _ in range(2):  # across restarts
+        with ChunkStore.open(settings(tmp_path, encryption(key)), background=False) as st:
+            out = [np.empty_like(p) for p in ps]
+            assert st.get_into(NS, ks, out) == [True] * 5
+            assert all(np.array_equal(o, p) for o, p in zip(out, ps)) and misses(st) == {}
+            assert st.contains(NS, ks) == [True] * 5
+    cfg = tmp_path / "victim.yaml"
+    cfg.write_text(f"storage:\n  - type: local\n    path: {tmp_path / 'store'}\n"
+                   f"encryption:\n  keys: [{str(key)!r}]\n")
+    assert cli_main(["gc", "--config", str(cfg)]) == 0
+    capsys.readouterr()
+    with ChunkStore.open(load_settings(cfg, env={}), background=False) as st:
+        out = [np.empty_like(p) for p in ps]
+        assert st.get_into(NS, ks, out) == [True] * 5, misses(st)  # gc removed no page of the victim
+        assert all(np.array_equal(o, p) for o, p in zip(out, ps))
