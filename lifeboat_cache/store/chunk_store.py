@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -36,6 +37,7 @@ from .context import StoreContext
 from .copier import DEFAULT_COPY_WORKERS, Copier
 from .pages import page_view, writable
 from .read import ReadPath
+from .refused import Refused, audit_keys
 from .seal_marks import check_seal_marks
 from .write import WritePath
 
@@ -89,8 +91,11 @@ class ChunkStore:
                              workers=min(DEFAULT_COPY_WORKERS, eng.io_workers),
                              recode=self._recode if not self.compress and any(self.tier_compress[1:]) else None
                              ) if len(self.tiers) > 1 else None
+        # pages a tier holds that this store will not serve (a key it does not hold): never "present"
+        self.refused = Refused(len(self.tiers))
+        self.key_audit: threading.Thread | None = None  # fills it from the local tiers' headers (open)
         ctx = StoreContext(self.tiers, self.read_cooldowns, self.write_cooldowns, self.counters, self.sealer,
-                           self.io, self.compress, self.copier)
+                           self.io, self.compress, self.copier, self.refused)
         self.writes = WritePath(ctx)
         self.reads = ReadPath(ctx)
         if eng.trace:  # a wrapper on this instance (tracing.py), not a flag the data path checks
@@ -139,12 +144,17 @@ class ChunkStore:
                 t.close()
             raise
         store = cls(settings, tiers, sealer)
+        if sealer.active and seal and not read_only:  # pages of keys it does not hold: not "present"
+            store.key_audit = threading.Thread(target=audit_keys, name="lifeboat-key-audit", daemon=True,
+                                               args=(store.tiers, sealer, store.refused, lambda: store.io.closed))
+            store.key_audit.start()
         log.info("lifeboat: store open (%s): %s", settings.source, ", ".join(t.name for t in tiers))
         return store
 
     # ------------------------------------------------------------------ lookups
     def contains(self, ns: bytes, keys: Sequence[str | bytes]) -> list[bool]:
-        """Per-key presence in any tier that is not cooling down. Index only, no I/O."""
+        """Per-key presence in any tier that is not cooling down, leaving out pages a read found this
+        store cannot open (a key it does not hold: store/refused.py). Index only, no I/O."""
         return self._present(ns, keys).tolist()
 
     def _present(self, ns: bytes, keys: Sequence[str | bytes]) -> np.ndarray:
@@ -152,17 +162,22 @@ class ChunkStore:
         ik = self._digests.index_keys(ns, keys)
         hit = np.zeros(len(ik), dtype=bool)
         asked = False
-        for tier, cd in zip(self.tiers, self.read_cooldowns):
+        for level, (tier, cd) in enumerate(zip(self.tiers, self.read_cooldowns)):
             if cd.active():
                 continue
             if not asked:  # the first tier answers for every key: no mask, no gather
                 hit[:] = tier.contains(ik)
+                refused = self.refused.mask(level, ik)  # None (no cost) unless a page here is not ours to open
+                if refused is not None:
+                    hit &= ~refused
                 asked = True
                 continue
             miss = ~hit
             if not miss.any():
                 break
-            hit[miss] = tier.contains(ik[miss])
+            found = tier.contains(ik[miss])
+            refused = self.refused.mask(level, ik[miss])
+            hit[miss] = found if refused is None else found & ~refused
         return hit
 
     def count_leading_hits(self, ns: bytes, keys: Sequence[str | bytes]) -> int:
@@ -305,6 +320,8 @@ class ChunkStore:
         if self.io.closed:
             return
         self.io.close()
+        if self.key_audit is not None:
+            self.key_audit.join(timeout=5)  # it stops at its next record once io is closed
         if self.copier is not None:
             self.copier.close(CLOSE_COPY_TIMEOUT_S if copy_timeout_s is None else copy_timeout_s)
         for t in self.tiers:

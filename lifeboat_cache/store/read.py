@@ -27,7 +27,7 @@ import numpy as np
 from ..records import (
     DTYPE_ITEMSIZE, DTYPE_NAMES, HEADER_SIZE, NONCE_BYTES, OPENABLE_REASONS, RAW, SEAL_OVERHEAD, TAG_BYTES,
     Header, RecordError, unpack_header, verify_record)
-from ..tiers import RecordRuns, Ref, Tier
+from ..tiers import RecordRuns, Ref
 from .calls import chunks
 from .context import StoreContext
 from .io_workers import Gate
@@ -190,7 +190,7 @@ class ReadPath:
                     self.ctx.counters.add("miss_stale")
                     continue
                 w, (bufs, direct) = wants[k], plan[k]
-                h = self._verified(tier, w, ns, bufs, direct)
+                h = self._verified(level, w, ns, bufs, direct)
                 res[k] = None if h is None else (h, bufs, direct)
         finally:
             gate.leave(slot, done=any(g is not None for g in res))
@@ -220,10 +220,12 @@ class ReadPath:
         self.ctx.counters.add("miss_size")
         return False
 
-    def _verified(self, tier: Tier, w: Want, ns: bytes, bufs: list[memoryview], direct: bool) -> Header | None:
+    def _verified(self, level: int, w: Want, ns: bytes, bufs: list[memoryview], direct: bool) -> Header | None:
         """Check a record read into bufs (header, identity, size, payload checksum) and, unless it was
-        read straight into the page, decode it into the page. None on a miss: counted by cause, and a bad
-        record (not an intact one of another key or size) is dropped from the index and quarantined."""
+        read straight into the page, decode it into the page. None on a miss: counted by cause; a bad
+        record (not an intact one of another key or size) is dropped from the index and quarantined,
+        and one this store cannot open (a key it does not hold) is left out of its lookups (refused.py)."""
+        tier = self.ctx.tiers[level]
         try:
             h = unpack_header(bufs[0])
             if direct and (h.codec != RAW or (len(bufs[0]) > HEADER_SIZE) != h.sealed):
@@ -249,7 +251,9 @@ class ReadPath:
             self.ctx.counters.add(f"miss_{e.reason}")
             # intact records of other keys, and ones another process may open (a key this one does not
             # hold, plaintext while sealed ones are required: gc drops those), are left alone
-            if e.reason not in ("foreign", "size", *OPENABLE_REASONS):
+            if e.reason in OPENABLE_REASONS:
+                self.ctx.refused.add(level, w.ikey)
+            elif e.reason not in ("foreign", "size"):
                 tier.forget(w.ikey, w.ref, e.reason)
                 self.ctx.counters.add("quarantined")
                 log.warning("lifeboat: dropped a bad record on %s (%s)", tier.name, e)
@@ -264,6 +268,7 @@ class ReadPath:
             return
         try:
             tier.write(ikey, digest, [record], len(record), affinity)
+            self.ctx.refused.discard(0, [ikey])
             self.ctx.counters.add("promotions")
         except OSError as e:
             cd.fail("promote", e)

@@ -278,3 +278,39 @@ def test_a_planted_twin_never_shadows_the_page_that_opens_and_gc_keeps_it(
         out = [np.empty_like(p) for p in ps]
         assert st.get_into(NS, ks, out) == [True] * 5, misses(st)  # gc removed no page of the victim
         assert all(np.array_equal(o, p) for o, p in zip(out, ps))
+
+
+# ------------------------------------------------------------------ 5: exists counts only pages this process opens
+def test_exists_stops_counting_pages_sealed_with_a_key_this_process_does_not_hold(tmp_path: Path) -> None:
+    """A page sealed with a key this process does not hold (rotated out, a wrong key): once a read
+    finds so, contains / count_leading_hits no longer count it (SGLang was told 200 of 200 and every
+    prefetch missed), and the next put writes it again under this process's key."""
+    old, new = make_key(tmp_path / "keys", "old.key"), make_key(tmp_path / "keys", "new.key")
+    ks, ps = [f"e{i}" for i in range(20)], [np.full(2048, i, np.uint16) for i in range(20)]
+    with ChunkStore.open(settings(tmp_path, encryption(old)), background=False) as st:
+        assert all(st.put(NS, ks[:10], ps[:10]))
+    with ChunkStore.open(settings(tmp_path, encryption(new)), background=False) as st:
+        assert all(st.put(NS, ks[10:], ps[10:]))
+        out = [np.empty_like(p) for p in ps]
+        assert st.get_into(NS, ks, out) == [False] * 10 + [True] * 10
+        assert misses(st) == {"miss_sealed_unknown_key": 10}
+        assert st.contains(NS, ks) == [False] * 10 + [True] * 10
+        assert st.count_leading_hits(NS, ks) == 0 and st.count_leading_hits(NS, ks[10:]) == 10
+        assert st.put(NS, ks[:10], ps[:10]) == [True] * 10  # written again, sealed with the new key
+        assert st.stats()["counters"]["pages_written"] == 20
+        assert st.count_leading_hits(NS, ks) == 20
+        assert st.get_into(NS, ks, out) == [True] * 20
+        assert all(np.array_equal(o, p) for o, p in zip(out, ps))
+    # a fresh process with the new key only: its open reads the local tier's headers (in the
+    # background), so the old key's pages are not counted even before their first read
+    with ChunkStore.open(settings(tmp_path, encryption(new)), background=False) as st:
+        assert st.put(NS, ["o"], [ps[0]]) == [True]
+    with ChunkStore.open(settings(tmp_path, encryption(old)), background=False) as st:
+        assert st.key_audit is not None
+        st.key_audit.join(30)
+        assert st.count_leading_hits(NS, ["o"]) == 0
+        # e0-e9 have a copy of each key (twins: the index keeps the one this process opens), e10-e19 not
+        assert st.contains(NS, ks) == [True] * 10 + [False] * 10
+        assert misses(st) == {}  # not a single read was needed
+        out = [np.empty_like(p) for p in ps]
+        assert st.get_into(NS, ks, out) == [True] * 10 + [False] * 10
