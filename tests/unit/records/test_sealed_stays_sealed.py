@@ -314,3 +314,19 @@ def test_exists_stops_counting_pages_sealed_with_a_key_this_process_does_not_hol
         assert misses(st) == {}  # not a single read was needed
         out = [np.empty_like(p) for p in ps]
         assert st.get_into(NS, ks, out) == [True] * 10 + [False] * 10
+
+
+def test_a_page_of_many_blocks_of_any_shape_seals_and_opens(tmp_path: Path) -> None:
+    """The streamed seal of a many-block page (SGLang layer_first) takes the store's flat uint8 blocks
+    as they are and any other C-contiguous block through a flat view."""
+    from lifeboat_cache.records.sealing import sealer_for
+
+    s = sealer_for(settings(tmp_path, encryption(make_key(tmp_path))).encryption)
+    blocks = [np.arange(1000, dtype=np.uint16).reshape(10, 100), np.arange(500, dtype=np.float32),
+              np.arange(300, dtype=np.uint8)]
+    h, parts, n = s.build(blocks, itemsize=1, dtype=0, digest=bytes(16), namespace=NS, compress=False)
+    rec = h + bytes(memoryview(parts[0]))
+    assert len(rec) == n
+    out = np.empty(sum(b.nbytes for b in blocks), np.uint8)
+    s.decode_into(s.check(rec), memoryview(rec)[codec.HEADER_SIZE:], [out])
+    assert np.array_equal(out, np.concatenate([b.view(np.uint8).reshape(-1) for b in blocks]))
