@@ -12,7 +12,8 @@ takes the key off the set). A bad record (a tag that fails) is dropped from the 
 With encryption on, a store that serves also reads the header of every record its local tiers
 index when it opens (`audit_keys`, one background thread, 64 bytes per record), so the pages of a
 key it does not hold are left out from the start, not only after their first read. Shared tiers
-(NFS, S3) are not audited (a request per record): there the first read finds them.
+(NFS, S3) are not audited (a request per record), nor tiers of more than AUDIT_MAX_RECORDS pages
+(the pass walks a copy of the index): there the first read finds them.
 
 Cost: nothing while a tier's set is empty (one attribute check per tier per call); otherwise one
 sorted-array membership test of the call's keys. Bounded to MAX_KEYS per tier (then, logged once,
@@ -28,12 +29,13 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ..records import Header, Sealer
-from ..tiers import Tier
+from ..tiers import SegmentDirs, Tier
 from .maint import record_headers
 
 log = logging.getLogger(__name__)
 
 MAX_KEYS = 1 << 20  # per tier: 8 MiB of keys at most
+AUDIT_MAX_RECORDS = 2_000_000  # the open's header pass copies the index (24 B a page) to walk it
 
 
 class Refused:
@@ -99,11 +101,15 @@ def audit_keys(tiers: Sequence[Tier], sealer: Sealer, refused: Refused, stop: Ca
     header of each read once; the index rebuild waited for). Returns how many; stops when `stop()`."""
     n = 0
     for level, tier in enumerate(tiers):
-        if tier.shared:
+        if tier.shared or not isinstance(tier, SegmentDirs):
             continue
         while not tier.wait_rebuilt(1.0):
             if stop():
                 return n
+        if sum(len(d.index) for d in tier.dirs) > AUDIT_MAX_RECORDS:  # its index is copied to be walked
+            log.info("lifeboat: %s holds more than %d pages: pages of keys this process does not hold are "
+                     "found by their first read", tier.name, AUDIT_MAX_RECORDS)
+            continue
         for ikey, _, h in record_headers(tier):
             if stop():
                 return n
