@@ -109,9 +109,10 @@ class Sealer:
         return self.keyring is not None
 
     def rank(self, record: bytes | memoryview) -> int:
-        """A whole record's rank, for a scan that meets a page twice (tiers/segments/twins.py): 2 this
-        store serves it (checked and opened), 1 intact but not for this store (sealed with a key it
-        does not hold), 0 refused (plaintext where sealed records are required, a tag that does not
+        """A whole record's rank, for an index rebuild that meets a page twice (tiers.settle_twins): 3
+        sealed and opened with a key of this store, 2 plaintext this store serves (require_sealed off:
+        a migration, where the sealed copy is the one to keep), 1 intact but not for this store (a key
+        it does not hold), 0 refused (plaintext where sealed records are required, a tag that does not
         verify), -1 not an intact record."""
         view = memoryview(record)
         try:
@@ -126,7 +127,7 @@ class Sealer:
             self.open(h, view[codec.HEADER_SIZE:], serving=False)
         except RecordError:
             return 0
-        return 2
+        return 3
 
     def refuse_plaintext(self) -> None:
         """Serve no plaintext record from now on, also without a key (a store marked sealed)."""

@@ -132,11 +132,11 @@ class ChunkStore:
         # key file trouble is a ConfigError before any tier is opened
         sealer = sealer_for(settings.encryption, settings.key_namespace, seal=seal)
         tiers: list[Tier] = []
-        try:
+        try:  # with a key, a page met twice by a rebuild keeps the copy that opens (tiers.settle_twins)
             for ts in settings.storage:
                 tiers.append(open_tier(ts, background=background, io_workers=settings.engine.io_workers,
                                        deadline_s=settings.engine.deadline_s, read_only=read_only,
-                                       evict=evict, rank=sealer.rank))  # twins: the copy that opens
+                                       evict=evict, rank=sealer.rank if sealer.active else None))
             # a sealed store stays sealed: this store's mark written, or a keyless writer refused
             check_seal_marks(tiers, sealer, writes=seal and not read_only)
         except BaseException:

@@ -330,3 +330,21 @@ def test_a_page_of_many_blocks_of_any_shape_seals_and_opens(tmp_path: Path) -> N
     out = np.empty(sum(b.nbytes for b in blocks), np.uint8)
     s.decode_into(s.check(rec), memoryview(rec)[codec.HEADER_SIZE:], [out])
     assert np.array_equal(out, np.concatenate([b.view(np.uint8).reshape(-1) for b in blocks]))
+
+
+def test_during_a_migration_the_sealed_copy_of_a_page_is_the_one_indexed(tmp_path: Path) -> None:
+    """require_sealed off (a plaintext store being sealed): a page stored both sealed and plaintext
+    keeps its sealed copy in the index whichever is newer, so the migration converges."""
+    key = make_key(tmp_path / "keys")
+    p = np.arange(2048, dtype=np.uint16)
+    with ChunkStore.open(settings(tmp_path, encryption(key, require_sealed=False)), background=False) as st:
+        assert st.put(NS, ["m"], [p]) == [True]
+    with ChunkStore.open(settings(tmp_path, None), background=False) as plain:  # a newer plaintext copy
+        header, parts, _ = codec.build_record(p.view(np.uint8), itemsize=2, dtype=codec.DTYPE_CODES["u2"],
+                                              digest=bytes(16), namespace=NS, compress=False)
+        plant(plain, NS, "m", with_identity(header + b"".join(bytes(memoryview(q)) for q in parts), NS, "m"))
+    (tmp_path / "store" / "index.snapshot").unlink()
+    with ChunkStore.open(settings(tmp_path, encryption(key, require_sealed=False)), background=False) as st:
+        assert codec.unpack_header(raw_record(st, NS, "m")).sealed
+        out = np.empty_like(p)
+        assert st.get_into(NS, ["m"], [out]) == [True] and np.array_equal(out, p)
