@@ -225,7 +225,7 @@ class ReadPath:
         read straight into the page, decode it into the page. None on a miss: counted by cause; a bad
         record (not an intact one of another key or size) is dropped from the index and quarantined,
         and one this store cannot open (a key it does not hold) is left out of its lookups (refused.py)."""
-        tier = self.ctx.tiers[level]
+        tier, into_page = self.ctx.tiers[level], direct
         try:
             h = unpack_header(bufs[0])
             if direct and (h.codec != RAW or (len(bufs[0]) > HEADER_SIZE) != h.sealed):
@@ -245,7 +245,7 @@ class ReadPath:
             else:
                 self.ctx.sealer.decode_into(h, payload, w.dst)
         except RecordError as e:
-            if direct:  # never leave a refused record's bytes (planted, or opened before its tag failed)
+            if into_page:  # never leave a refused record's bytes (planted, or opened before its tag failed)
                 for piece in w.dst:  # in the caller's page
                     piece.view(np.uint8)[...] = 0
             self.ctx.counters.add(f"miss_{e.reason}")
