@@ -130,16 +130,21 @@ def parse_encryption(obj: Any, where: str = "encryption") -> EncryptionSettings:
 
 def parse_key_file_env(env: Mapping[str, str]) -> tuple[Path, ...] | None:
     """LIFEBOAT_KEY_FILE: key file path(s), separated by os.pathsep (the first seals); replaces
-    `encryption.keys` and so turns sealing on. None when unset or blank."""
+    `encryption.keys` and so turns sealing on. None when unset; set but empty (a secret that templated
+    to nothing) is a ConfigError, never a silent plaintext store."""
     value = env.get(ENV_KEY_FILE)
-    if value is None or not value.strip():
+    if value is None:
         return None
+    if not value.strip():
+        raise ConfigError(f"{ENV_KEY_FILE}={value!r} is empty: sealing would be silently off; set it to the "
+                          f"key file's path (create one with `lifeboat keygen PATH`), or unset {ENV_KEY_FILE} "
+                          "to use encryption.keys of lifeboat.yaml")
     parts = [p.strip() for p in value.split(os.pathsep)]
     if any(not p or "\0" in p for p in parts):
         raise ConfigError(f"{ENV_KEY_FILE}={value[:200]!r}: expected key file paths separated by "
                           f"{os.pathsep!r} (the first seals), with no empty entry")
     paths = tuple(Path(os.path.expanduser(p)) for p in parts)
-    for p in paths:  # mode and length are checked when a store opens (sealing.read_key_file)
+    for p in paths:  # mode and length are checked when a store opens (records.keyring.read_key_file)
         if not p.is_file():
             raise ConfigError(f"{ENV_KEY_FILE}={value[:200]!r}: key file {p} does not exist; create one with "
                               f"`lifeboat keygen {p}`, or fix the path, or unset {ENV_KEY_FILE}")

@@ -79,7 +79,7 @@ class Header:
     payload_crc: int  # the payload checksum: CRC-32 (version 1) or xxh3-64 (versions 2, 3)
     flags: int = 0
     version: int = FORMAT_VERSION
-    key_id: int = 0  # sealed records (version 3): the id of the key that sealed it (sealing.key_id)
+    key_id: int = 0  # sealed records (version 3): the id of the key that sealed it (keyring.key_id)
 
     @property
     def record_len(self) -> int:

@@ -19,39 +19,26 @@ every seal) and when the counter wraps (2^32 records), so within a writer nonces
 two writers (processes, hosts, stores) collide only if their random 64-bit ids do: with W writer ids
 ever drawn under one key, probability about W^2 / 2^65 (1e-8 for 600,000 writer ids).
 
-Keys: 32 bytes in a file (raw, or 64 hex digits), owner-only (a mode readable or writable by group
-or others is refused), read when the store opens. A key's id is the first 4 bytes of a BLAKE2b of
-the key (not secret, not reversible), stored in each sealed record's header, so a reader picks the
-key without trying them all and `lifeboat stats` counts pages per key id. The first key seals, all
-open (rotation). `namespace_keys` gives a key_namespace its own keys: a process of that
-key_namespace neither opens nor writes pages under any other key.
-
-`cryptography` is imported only when a key is configured: the core imports without it.
+Keys, key files and the keyring are keyring.py's; the mark a sealed store leaves in its tiers, seal_mark.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
-import stat
 import struct
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..config import ConfigError, EncryptionSettings
+from ..config import EncryptionSettings
 from . import codec, payloads
 from .codec import NONCE_BYTES, SEAL_OVERHEAD, TAG_BYTES, Header
+from .keyring import Key, Keyring, key_id_text, load_keyring
 from .payloads import RecordError
 
-KEY_BYTES = 32  # AES-256
-MAX_KEY_FILE_BYTES = 4096  # a key file is 32 bytes or 64 hex digits; anything much larger is not one
 COUNTER_LIMIT = 1 << 32
-EXTRA = "lifeboat-cache[seal]"  # the pip extra that installs `cryptography`
 
 # miss reasons (counters `miss_<reason>`, verify's reports)
 UNSEALED = "unsealed"  # a plaintext record where only sealed ones are served (require_sealed)
@@ -59,138 +46,6 @@ NO_KEY = "sealed_no_key"  # a sealed record, and this store has no key at all
 UNKNOWN_KEY = "sealed_unknown_key"  # sealed with a key this process does not hold (retired, other namespace)
 AUTH = "sealed_auth"  # the tag does not verify: tampered, moved under another header, or a wrong key
 OPENABLE_REASONS = (UNSEALED, NO_KEY, UNKNOWN_KEY)  # intact records another process may open: not quarantined
-
-
-def key_id(key: bytes) -> int:
-    """A key's id (u32): the first 4 bytes of a keyed-purpose BLAKE2b of it. Not secret."""
-    return int.from_bytes(hashlib.blake2b(key, digest_size=4, person=b"lifeboat-keyid").digest(), "little")
-
-
-def key_id_text(kid: int) -> str:
-    return f"{kid:08x}"
-
-
-def read_key_file(path: Path) -> bytes:
-    """The 32 key bytes of a key file; raises ConfigError naming the file and the fix.
-
-    Refused: a missing or unreadable file, one readable or writable by group or others (a key other
-    users can read seals nothing), one that is not 32 raw bytes or 64 hex digits. Symlinks are
-    followed (secret mounts are links) and the mode of the file they point to is checked.
-    """
-    fix_new = f"create one with `lifeboat keygen {path}` (32 random bytes, mode 0600)"
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise ConfigError(f"encryption key file {path}: no such file; {fix_new}, or fix the path") from None
-    except OSError as e:
-        raise ConfigError(f"encryption key file {path}: cannot be read ({e.strerror}); give this user "
-                          "read access to it (owner-only, mode 0600)") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"encryption key file {path}: not a regular file; {fix_new}")
-        if st.st_mode & 0o077:
-            raise ConfigError(f"encryption key file {path}: mode {stat.S_IMODE(st.st_mode):04o} lets group or "
-                              f"others use the key; run `chmod 600 {path}` (and keep it owned by the "
-                              "serving user)")
-        data = os.read(fd, MAX_KEY_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) == KEY_BYTES:
-        return data
-    text = data.strip()
-    if len(text) == 2 * KEY_BYTES:
-        try:
-            return bytes.fromhex(text.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            pass
-    raise ConfigError(f"encryption key file {path}: {len(data)} bytes, not a 256-bit key (32 raw bytes or 64 "
-                      f"hex digits); {fix_new} and point the config at it")
-
-
-def write_key_file(path: Path) -> int:
-    """Create a new key file (32 random bytes as 64 hex digits, mode 0600; never overwrites one).
-
-    Returns the new key's id. Raises FileExistsError when the path exists, OSError otherwise."""
-    key = os.urandom(KEY_BYTES)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # whatever the umask
-        os.write(fd, (key.hex() + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return key_id(key)
-
-
-def _aead_class() -> Any:
-    try:
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-    except ImportError:
-        raise ConfigError(f"encryption: needs the `cryptography` package; pip install '{EXTRA}' (or "
-                          "cryptography), or remove `encryption:` / LIFEBOAT_KEY_FILE") from None
-    return AESGCM
-
-
-@dataclass(frozen=True)
-class Key:
-    id: int
-    path: Path
-    aead: Any = field(repr=False)  # cryptography's AESGCM (one-shot seal / open)
-    raw: bytes = field(default=b"", repr=False)  # the key bytes (streaming GCM); never in a repr or a log
-
-
-def _gcm(key: Key, nonce: bytes, tag: bytes | None = None) -> Any:
-    """A streaming AES-256-GCM cipher of key (cryptography's Cipher API: seals / opens block by block)."""
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
-    return Cipher(algorithms.AES(key.raw), modes.GCM(nonce, tag))
-
-
-def _load(paths: Sequence[Path], cache: dict[Path, Key]) -> list[Key]:
-    out = []
-    for p in paths:
-        if p not in cache:
-            raw = read_key_file(p)
-            cache[p] = Key(key_id(raw), p, _aead_class()(raw), raw)
-        out.append(cache[p])
-    return out
-
-
-@dataclass(frozen=True)
-class Keyring:
-    """The keys of one store: the one that seals, the ones its reads open, and every configured one
-    (what `verify`, `stats` and `gc` use: they look at every namespace's records)."""
-
-    sealing: Key | None  # None only for inspection (`lifeboat stats`, verify, gc, purge): nothing is written
-    serving: dict[int, Key]
-    every: dict[int, Key]
-
-
-def load_keyring(enc: EncryptionSettings, key_namespace: str = "", *, seal: bool = True) -> Keyring:
-    """Read and check every configured key file; the serving keys are key_namespace's own when
-    `namespace_keys` lists it, else `keys`. Raises ConfigError (missing, loose mode, wrong length,
-    two files with one key id, a key_namespace with no key when `seal`: a store that writes pages
-    needs a key to seal them; inspection and maintenance open with seal=False)."""
-    cache: dict[Path, Key] = {}
-    groups = {"": _load(enc.keys, cache)} if enc.keys else {}
-    for name, paths in enc.namespace_keys:
-        groups[f"namespace_keys.{name}"] = _load(paths, cache)
-    every: dict[int, Key] = {}
-    for key in cache.values():
-        other = every.get(key.id)
-        if other is not None and other.path != key.path:
-            raise ConfigError(f"encryption: key files {other.path} and {key.path} have the same key id "
-                              f"{key_id_text(key.id)} (the same key twice?); list each key once")
-        every[key.id] = key
-    own = dict(enc.namespace_keys).get(key_namespace)
-    mine = _load(own, cache) if own is not None else groups.get("")
-    if not mine:
-        if not seal:
-            return Keyring(None, {}, every)
-        raise ConfigError(f"encryption: key_namespace {key_namespace!r} has no key: add it to "
-                          "encryption.namespace_keys or give encryption.keys")
-    return Keyring(mine[0], {k.id: k for k in mine}, every)
 
 
 class Nonces:
@@ -253,6 +108,31 @@ class Sealer:
     def active(self) -> bool:
         return self.keyring is not None
 
+    def rank(self, record: bytes | memoryview) -> int:
+        """A whole record's rank, for an index rebuild that meets a page twice (tiers.settle_twins): 3
+        sealed and opened with a key of this store, 2 plaintext this store serves (require_sealed off:
+        a migration, where the sealed copy is the one to keep), 1 intact but not for this store (a key
+        it does not hold), 0 refused (plaintext where sealed records are required, a tag that does not
+        verify), -1 not an intact record."""
+        view = memoryview(record)
+        try:
+            h = codec.verify_record(view[: codec.HEADER_SIZE], view[codec.HEADER_SIZE:])
+        except RecordError:
+            return -1
+        if not h.sealed:
+            return 0 if self.require_sealed else 2
+        if self.keyring is None or h.key_id not in (self.keyring.serving or self.keyring.every):
+            return 1
+        try:
+            self.open(h, view[codec.HEADER_SIZE:], serving=False)
+        except RecordError:
+            return 0
+        return 3
+
+    def refuse_plaintext(self) -> None:
+        """Serve no plaintext record from now on, also without a key (a store marked sealed)."""
+        self.require_sealed = True
+
     # ------------------------------------------------------------------ writing
     def build(self, page: np.ndarray | Sequence[np.ndarray], *, itemsize: int, dtype: int, digest: bytes,
               namespace: bytes, compress: bool,
@@ -281,12 +161,12 @@ class Sealer:
         if len(parts) == 1:
             key.aead.encrypt_into(nonce, parts[0], codec.aad(h), out[NONCE_BYTES:])
         else:  # a page of many blocks (SGLang layer_first): streamed block by block, no gather copy
-            enc = _gcm(key, nonce).encryptor()
+            enc = key.gcm(nonce).encryptor()
             enc.authenticate_additional_data(codec.aad(h))
-            pos = NONCE_BYTES
-            for p in parts:
-                view = codec.as_bytes_view(p)
-                pos += enc.update_into(view, out[pos: pos + view.nbytes])
+            dst, pos = memoryview(out), NONCE_BYTES  # a memoryview slice costs a fraction of an array's:
+            for p in parts:  # the store's blocks are flat uint8 already: per block only the cipher call
+                flat = p if isinstance(p, np.ndarray) and p.ndim == 1 and p.itemsize == 1 else codec.as_bytes_view(p)
+                pos += enc.update_into(flat, dst[pos:])
             enc.finalize()
             out[pos: pos + TAG_BYTES] = np.frombuffer(enc.tag, np.uint8)
         h = Header(h.codec, h.dtype, h.raw_len, h.stored_len, h.digest, h.namespace, codec.payload_crc([out]),
@@ -336,15 +216,15 @@ class Sealer:
         try:
             key.aead.decrypt_into(payload[:NONCE_BYTES], payload[NONCE_BYTES:], codec.aad(h), dst)
         except Exception as e:  # cryptography's InvalidTag (and ValueError for odd sizes)
-            raise RecordError(AUTH, f"sealed record does not authenticate under key {key_id_text(h.key_id)} "
-                                    f"({type(e).__name__})") from None
+            raise _refused(h, e, [dst]) from None
         return dst
 
     def open_in_place(self, h: Header, parts: Sequence[memoryview]) -> None:
         """Open a sealed raw record read straight into the page: parts = [nonce, *page pieces holding
-        the ciphertext, tag]; the pieces are decrypted in place, then the tag is checked (after a
-        raise the pieces hold unspecified bytes: the store counts a miss and never serves them).
-        A plaintext record (also read straight in) is only admitted. Raises RecordError as `open`."""
+        the ciphertext, tag]; the pieces are decrypted in place, then the tag is checked, and on a bad
+        tag zeroed: no unverified plaintext stays in the caller's page (checking the tag first would be
+        a second pass over the bytes on every read, decrypting into scratch a copy; zeroing costs only
+        on a failure). A plaintext record (also read straight in) is only admitted. Raises as `open`."""
         if not h.sealed:
             self.admit(h)
             return
@@ -352,14 +232,13 @@ class Sealer:
         if h.codec != codec.RAW or len(parts) < 3 or len(parts[0]) != NONCE_BYTES or len(parts[-1]) != TAG_BYTES:
             raise RecordError("truncated", "sealed record read in place is not a raw page")
         try:
-            dec = _gcm(key, bytes(parts[0]), bytes(parts[-1])).decryptor()
+            dec = key.gcm(bytes(parts[0]), bytes(parts[-1])).decryptor()
             dec.authenticate_additional_data(codec.aad(h))
             for piece in parts[1:-1]:
                 dec.update_into(piece, piece)
             dec.finalize()
         except Exception as e:  # InvalidTag
-            raise RecordError(AUTH, f"sealed record does not authenticate under key {key_id_text(h.key_id)} "
-                                    f"({type(e).__name__})") from None
+            raise _refused(h, e, parts[1:-1]) from None
 
     def decode_into(self, h: Header, payload: memoryview, dst: Sequence[np.ndarray]) -> None:
         """Open (when sealed) and decode a checksum-verified record into the page's pieces, or raise
@@ -387,6 +266,15 @@ class Sealer:
         return h
 
 
+def _refused(h: Header, e: Exception, outs: Sequence[Any]) -> RecordError:
+    """The AUTH miss of a record that did not open, its output buffers zeroed first (never a byte of
+    unverified plaintext left behind for a caller to use by mistake)."""
+    for o in outs:
+        np.frombuffer(o, np.uint8)[...] = 0
+    return RecordError(AUTH, f"sealed record does not authenticate under key {key_id_text(h.key_id)} "
+                             f"({type(e).__name__})")
+
+
 def sealer_for(enc: EncryptionSettings, key_namespace: str = "", *, seal: bool = True) -> Sealer:
     """The Sealer of a store's settings: plaintext when encryption is off, else sealing with the keys
     of key_namespace (`seal=False`: inspection, where a key_namespace may have none). Raises
@@ -396,5 +284,4 @@ def sealer_for(enc: EncryptionSettings, key_namespace: str = "", *, seal: bool =
     return Sealer(load_keyring(enc, key_namespace, seal=seal), enc.require_sealed)
 
 
-__all__ = ["AUTH", "KEY_BYTES", "NO_KEY", "OPENABLE_REASONS", "UNKNOWN_KEY", "UNSEALED", "Key", "Keyring", "Nonces",
-           "Sealer", "key_id", "key_id_text", "load_keyring", "read_key_file", "sealer_for", "write_key_file"]
+__all__ = ["AUTH", "NO_KEY", "OPENABLE_REASONS", "UNKNOWN_KEY", "UNSEALED", "Nonces", "Sealer", "sealer_for"]

@@ -12,6 +12,7 @@ counted and logged once per cooldown, and every call returns by `engine.deadline
   pages.py        PageBlocks, page_view: a page as flat uint8 views of the caller's buffers, no copy
   maint.py        verify both ways, record headers per key id, dropping records
   copier.py       background copy of new records to the lower tiers (on a BoundedWriter)
+  seal_marks.py   at open: a sealed store's mark written into each tier, a keyless writer refused
 """
 
 from __future__ import annotations

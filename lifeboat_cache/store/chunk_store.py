@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -28,7 +29,7 @@ from ..config import Settings, TierSettings, load_settings
 from ..cooldown import Cooldown
 from ..metrics import Counters
 from ..records import FINGERPRINT_BYTES, UNKNOWN_KEY, UNSEALED, DigestCache, Header, Sealer, sealer_for
-from ..tiers import Tier, open_tier
+from ..tiers import Auditing, Tier, open_tier
 from ..tracing import trace_store
 from . import maint
 from .calls import IoCalls
@@ -36,6 +37,8 @@ from .context import StoreContext
 from .copier import DEFAULT_COPY_WORKERS, Copier
 from .pages import page_view, writable
 from .read import ReadPath
+from .refused import Refused, audit_keys
+from .seal_marks import check_seal_marks
 from .write import WritePath
 
 log = logging.getLogger(__name__)
@@ -97,8 +100,11 @@ class ChunkStore:
                              workers=min(DEFAULT_COPY_WORKERS, eng.io_workers),
                              recode=self._recode if not self.compress and any(self.tier_compress[1:]) else None
                              ) if len(self.tiers) > 1 else None
+        # pages a tier holds that this store will not serve (a key it does not hold): never "present"
+        self.refused = Refused(len(self.tiers))
+        self.key_audit: threading.Thread | None = None  # fills it from the local tiers' headers (open)
         ctx = StoreContext(self.tiers, self.read_cooldowns, self.write_cooldowns, self.counters, self.sealer,
-                           self.io, self.compress, self.copier)
+                           self.io, self.compress, self.copier, self.refused)
         self.writes = WritePath(ctx)
         self.reads = ReadPath(ctx)
         if eng.trace:  # a wrapper on this instance (tracing.py), not a flag the data path checks
@@ -128,27 +134,36 @@ class ChunkStore:
         but nothing is evicted (`verify --fix`). Only `gc` and serving processes evict. `seal=False`
         (the CLI's inspection and maintenance): with `encryption:` on, a config whose key_namespace has
         no key of its own still opens (every listed key opens records; no page can be written).
+        A store that may write pages writes its seal mark into each tier, and without a key refuses
+        (ConfigError) a tier marked sealed (store/seal_marks.py).
         """
         settings = settings or load_settings()
         # key file trouble is a ConfigError before any tier is opened
         sealer = sealer_for(settings.encryption, settings.key_namespace, seal=seal)
         tiers: list[Tier] = []
-        try:
+        try:  # with a key, a page met twice by a rebuild keeps the copy that opens (tiers.settle_twins)
             for ts in settings.storage:
                 tiers.append(open_tier(ts, background=background, io_workers=settings.engine.io_workers,
                                        deadline_s=settings.engine.deadline_s, read_only=read_only,
-                                       evict=evict))
+                                       evict=evict, rank=sealer.rank if sealer.active else None))
+            # a sealed store stays sealed: this store's mark written, or a keyless writer refused
+            check_seal_marks(tiers, sealer, writes=seal and not read_only)
         except BaseException:
             for t in tiers:
                 t.close()
             raise
         store = cls(settings, tiers, sealer)
+        if sealer.active and seal and not read_only:  # pages of keys it does not hold: not "present"
+            store.key_audit = threading.Thread(target=audit_keys, name="lifeboat-key-audit", daemon=True,
+                                               args=(store.tiers, sealer, store.refused, lambda: store.io.closed))
+            store.key_audit.start()
         log.info("lifeboat: store open (%s): %s", settings.source, ", ".join(t.name for t in tiers))
         return store
 
     # ------------------------------------------------------------------ lookups
     def contains(self, ns: bytes, keys: Sequence[str | bytes]) -> list[bool]:
-        """Per-key presence in any tier that is not cooling down. Index only, no I/O."""
+        """Per-key presence in any tier that is not cooling down, leaving out pages a read found this
+        store cannot open (a key it does not hold: store/refused.py). Index only, no I/O."""
         return self._present(ns, keys).tolist()
 
     def _present(self, ns: bytes, keys: Sequence[str | bytes]) -> np.ndarray:
@@ -157,17 +172,22 @@ class ChunkStore:
         ik = self._digests.index_keys(ns, keys)
         hit = np.zeros(len(ik), dtype=bool)
         asked = False
-        for tier, cd in zip(self.tiers, self.read_cooldowns):
+        for level, (tier, cd) in enumerate(zip(self.tiers, self.read_cooldowns)):
             if cd.active():
                 continue
             if not asked:  # the first tier answers for every key: no mask, no gather
                 hit[:] = tier.contains(ik)
+                refused = self.refused.mask(level, ik)  # None (no cost) unless a page here is not ours to open
+                if refused is not None:
+                    hit &= ~refused
                 asked = True
                 continue
             miss = ~hit
             if not miss.any():
                 break
-            hit[miss] = tier.contains(ik[miss])
+            found = tier.contains(ik[miss])
+            refused = self.refused.mask(level, ik[miss])
+            hit[miss] = found if refused is None else found & ~refused
         return hit
 
     def count_leading_hits(self, ns: bytes, keys: Sequence[str | bytes]) -> int:
@@ -294,6 +314,9 @@ class ChunkStore:
         if dropped:
             self.counters.add("gc_dropped_unreadable", dropped)
             log.warning("lifeboat: gc dropped %d record(s) no configured key opens", dropped)
+            for tier in self.tiers:  # a dropped record's twin that opens is indexed again, so compaction
+                if isinstance(tier, Auditing):  # (which keeps indexed records only) never removes it
+                    tier.audit(fix=True)
         return dropped
 
     def drop_records(self, why: Callable[[Header], str | None]) -> int:
@@ -319,6 +342,8 @@ class ChunkStore:
         if self.io.closed:
             return
         self.io.close()
+        if self.key_audit is not None:
+            self.key_audit.join(timeout=5)  # it stops at its next record once io is closed
         if self.copier is not None:
             self.copier.close(CLOSE_COPY_TIMEOUT_S if copy_timeout_s is None else copy_timeout_s)
         for t in self.tiers:

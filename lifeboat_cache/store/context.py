@@ -10,6 +10,7 @@ from ..records import Sealer
 from ..tiers import Tier
 from .calls import IoCalls
 from .copier import Copier
+from .refused import Refused
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,8 @@ class StoreContext:
     `tiers` is the store's own list, not a copy: a tier swapped in there is used by both paths.
     Reads and writes cool down separately (a full disk stops writes, not reads). `compress`: whether
     the first tier stores pages compressed. `copier`: the background copy to the lower tiers (None
-    with a single tier)."""
+    with a single tier). `refused`: per tier, pages indexed there that this process will not serve
+    (refused.py): the read path adds them, lookups and `put` leave them out."""
 
     tiers: list[Tier]
     read_cooldowns: list[Cooldown]
@@ -29,3 +31,4 @@ class StoreContext:
     calls: IoCalls
     compress: bool
     copier: Copier | None
+    refused: Refused

@@ -25,9 +25,9 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..records import (
-    DTYPE_ITEMSIZE, DTYPE_NAMES, HEADER_SIZE, NONCE_BYTES, OPENABLE_REASONS, SEAL_OVERHEAD, TAG_BYTES, Header,
-    RecordError, unpack_header, verify_record)
-from ..tiers import RecordRuns, Ref, Tier
+    DTYPE_ITEMSIZE, DTYPE_NAMES, HEADER_SIZE, NONCE_BYTES, OPENABLE_REASONS, RAW, SEAL_OVERHEAD, TAG_BYTES,
+    Header, RecordError, unpack_header, verify_record)
+from ..tiers import RecordRuns, Ref
 from .calls import chunks
 from .context import StoreContext
 from .io_workers import Gate
@@ -190,7 +190,7 @@ class ReadPath:
                     self.ctx.counters.add("miss_stale")
                     continue
                 w, (bufs, direct) = wants[k], plan[k]
-                h = self._verified(tier, w, ns, bufs, direct)
+                h = self._verified(level, w, ns, bufs, direct)
                 res[k] = None if h is None else (h, bufs, direct)
         finally:
             gate.leave(slot, done=any(g is not None for g in res))
@@ -220,12 +220,20 @@ class ReadPath:
         self.ctx.counters.add("miss_size")
         return False
 
-    def _verified(self, tier: Tier, w: Want, ns: bytes, bufs: list[memoryview], direct: bool) -> Header | None:
+    def _verified(self, level: int, w: Want, ns: bytes, bufs: list[memoryview], direct: bool) -> Header | None:
         """Check a record read into bufs (header, identity, size, payload checksum) and, unless it was
-        read straight into the page, decode it into the page. None on a miss: counted by cause, and a bad
-        record (not an intact one of another key or size) is dropped from the index and quarantined."""
+        read straight into the page, decode it into the page. None on a miss: counted by cause; a bad
+        record (not an intact one of another key or size) is dropped from the index and quarantined,
+        and one this store cannot open (a key it does not hold) is left out of its lookups (refused.py)."""
+        tier, into_page = self.ctx.tiers[level], direct
         try:
             h = unpack_header(bufs[0])
+            if direct and (h.codec != RAW or (len(bufs[0]) > HEADER_SIZE) != h.sealed):
+                # read straight in by its length alone, but laid out otherwise (a sealed compressed
+                # page of a few hundred bytes is as long as a raw one): the whole record out of the
+                # page into a buffer of its own, then decoded from there like any private read
+                bufs[:] = [memoryview(b"".join(bytes(b) for b in bufs))]
+                direct = False
             payload = (([bufs[0][HEADER_SIZE:], *bufs[1:]] if h.sealed else bufs[1:]) if direct
                        else bufs[0][HEADER_SIZE:])
             if h.raw_len != w.size:
@@ -237,10 +245,15 @@ class ReadPath:
             else:
                 self.ctx.sealer.decode_into(h, payload, w.dst)
         except RecordError as e:
+            if into_page:  # never leave a refused record's bytes (planted, or opened before its tag failed)
+                for piece in w.dst:  # in the caller's page
+                    piece.view(np.uint8)[...] = 0
             self.ctx.counters.add(f"miss_{e.reason}")
             # intact records of other keys, and ones another process may open (a key this one does not
             # hold, plaintext while sealed ones are required: gc drops those), are left alone
-            if e.reason not in ("foreign", "size", *OPENABLE_REASONS):
+            if e.reason in OPENABLE_REASONS:
+                self.ctx.refused.add(level, w.ikey)
+            elif e.reason not in ("foreign", "size"):
                 tier.forget(w.ikey, w.ref, e.reason)
                 self.ctx.counters.add("quarantined")
                 log.warning("lifeboat: dropped a bad record on %s (%s)", tier.name, e)
@@ -255,6 +268,7 @@ class ReadPath:
             return
         try:
             tier.write(ikey, digest, [record], len(record), affinity)
+            self.ctx.refused.discard(0, [ikey])
             self.ctx.counters.add("promotions")
         except OSError as e:
             cd.fail("promote", e)

@@ -62,6 +62,9 @@ class WritePath:
         results = [False] * len(ds)
         tier, cd = self.ctx.tiers[0], self.ctx.write_cooldowns[0]
         present = tier.contains(ik) if len(ik) else np.zeros(0, bool)
+        refused = self.ctx.refused.mask(0, ik)  # held, but not a record this store can open: write it again
+        if refused is not None:
+            present &= ~refused
         todo = []
         for i in range(len(ds)):
             if present[i]:
@@ -81,6 +84,8 @@ class WritePath:
             self._write(ns, ds, ik, views, todo, results, affinity, redirect)
             if all(results[i] for i in todo):
                 cd.ok()
+            if refused is not None:  # this store's own records now
+                self.ctx.refused.discard(0, (int(ik[i]) for i in todo if results[i]))
         self.ctx.counters.observe("set", time.perf_counter() - started)
         return results
 

@@ -26,11 +26,12 @@ import pytest
 from ..config import EngineSettings, Settings, TierSettings
 from ..records import DTYPE_CODES, HEADER_SIZE, build_record, index_key, key_digest, namespace_fingerprint
 from ..store import ChunkStore
-from ..tiers import Auditing, Describing, ObjectPurging, Probing, RecordRuns, Ref, SegmentDirs, Tier
+from ..tiers import Auditing, Describing, Marking, ObjectPurging, Probing, RecordRuns, Ref, SegmentDirs, Tier
 
 # capability mixin -> the attribute a tier must have exactly when it declares the mixin
 CAPABILITIES: dict[type, str] = {Probing: "probe", Auditing: "audit", Describing: "describe",
-                                 SegmentDirs: "dirs", ObjectPurging: "purge_objects", RecordRuns: "read_run"}
+                                 SegmentDirs: "dirs", ObjectPurging: "purge_objects", RecordRuns: "read_run",
+                                 Marking: "write_mark"}
 
 NS = namespace_fingerprint(model="tier-conformance", dtype="uint8")
 
@@ -348,6 +349,13 @@ class TierTests:
             bufs = [bytearray(r.length) for r in run]
             assert tier.read_run(refs, [[memoryview(b)] for b in bufs]) == [True] * 4
             assert [bytes(b) for b in bufs] == [r.blob for r in run]
+        if isinstance(tier, Marking):
+            assert tier.read_marks("conformance-", 64) == {}
+            tier.write_mark("conformance-a", b"one")
+            tier.write_mark("conformance-a", b"two")  # replaced, never appended
+            tier.write_mark("other-b", b"x")
+            assert tier.read_marks("conformance-", 64) == {"conformance-a": b"two"}
+            assert tier.read_marks("conformance-", 2) == {"conformance-a": b"tw"}
         ref = tier.locate(recs[0].ikey)
         assert ref is not None and isinstance(tier.loc_name(ref), str) and tier.loc_name(ref)
 

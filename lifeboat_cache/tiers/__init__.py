@@ -5,7 +5,7 @@ with capability mixins (base.py), never probed for.
 
   kinds.py     open_tier(settings): the tier of one `storage[]` entry (nfs and s3 imported on demand)
   base.py      Tier ABC, Ref, SingleIndexTier; capabilities: Probing, Auditing, Describing, SegmentDirs,
-               RecordRuns, ObjectPurging
+               RecordRuns, ObjectPurging, Marking; settle_twins (a key met twice by a rebuild)
   local.py     type: local (NVMe), one segment directory per path
   nfs.py       type: nfs (NFS, ONTAP NFS): a segment directory shared by hosts (why each rule exists)
   segments/    the log-structured segment directory (local and nfs)
@@ -14,10 +14,12 @@ with capability mixins (base.py), never probed for.
 
 from __future__ import annotations
 
-from .base import Auditing, Describing, ObjectPurging, Probing, RecordRuns, Ref, SegmentDirs, SingleIndexTier, Tier
+from .base import (
+    Auditing, Describing, Marking, ObjectPurging, Probing, Rank, RecordRuns, Ref, SegmentDirs, SingleIndexTier, Tier,
+    settle_twins)
 from .kinds import open_tier
 
 __all__ = [
-    "Auditing", "Describing", "ObjectPurging", "Probing", "RecordRuns", "Ref", "SegmentDirs", "SingleIndexTier",
-    "Tier", "open_tier",
+    "Auditing", "Describing", "Marking", "ObjectPurging", "Probing", "Rank", "RecordRuns", "Ref", "SegmentDirs",
+    "SingleIndexTier", "Tier", "open_tier", "settle_twins",
 ]

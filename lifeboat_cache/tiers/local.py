@@ -6,23 +6,25 @@ it from the first `affinity_chunks` pages), so a returning prompt is read from o
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from ..config import TierSettings
+from ..fsio import open_file, replacing_file
 from ..records import Record
-from .base import Auditing, Describing, RecordRuns, Ref, SegmentDirs, Tier
+from .base import Auditing, Describing, Marking, Rank, RecordRuns, Ref, SegmentDirs, Tier
 from .segments import DirSettings, SegmentDir
 
 
-class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns):
+class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns, Marking):
     kind = "local"
     fsync = False  # a killed process loses nothing the kernel already has; seal-time fsync is for NFS
     segment_dir_cls: type[SegmentDir] = SegmentDir  # nfs swaps in its NFS-aware subclass
 
     def __init__(self, settings: TierSettings, name: str | None = None, stripes: int = 4, *,
-                 read_only: bool = False, evict: bool = True) -> None:
+                 read_only: bool = False, evict: bool = True, rank: Rank | None = None) -> None:
         self.settings = settings
         self.name = name or f"{self.kind}:{','.join(str(p) for p in settings.paths)}"
         per_dir = None if settings.capacity_bytes is None else settings.capacity_bytes // len(settings.paths)
@@ -32,7 +34,8 @@ class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns):
             stripes=stripes, file_mode=settings.file_mode, dir_mode=settings.dir_mode, max_age_s=settings.max_age_s,
             write_call_bytes=settings.write_call_bytes)
         self.dirs = [
-            self.segment_dir_cls(p, dir_settings, name=f"{self.kind}{i}", read_only=read_only, evict=evict)
+            self.segment_dir_cls(p, dir_settings, name=f"{self.kind}{i}", read_only=read_only, evict=evict,
+                                 rank=rank)
             for i, p in enumerate(settings.paths)
         ]
 
@@ -150,6 +153,31 @@ class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns):
     def describe(self) -> list[dict[str, int | str | bool]]:
         """Per segment of every drive: records, stored and raw bytes (for `lifeboat stats`)."""
         return [dict(seg, path=str(d.path)) for d in self.dirs for seg in d.describe()]
+
+    def read_marks(self, prefix: str, limit_bytes: int) -> dict[str, bytes]:
+        """Marks (files `prefix*` in a drive's directory; temp files start with a dot) of every drive."""
+        out: dict[str, bytes] = {}
+        for d in self.dirs:
+            try:
+                names = [n for n in os.listdir(d.path) if n.startswith(prefix)]
+            except FileNotFoundError:
+                continue
+            for n in names:
+                try:  # never through a link, never more than limit_bytes
+                    fd = open_file(d.path / n, os.O_RDONLY)
+                    try:
+                        out.setdefault(n, os.pread(fd, limit_bytes, 0))
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    out.setdefault(n, b"")  # there, unreadable: still a mark
+        return out
+
+    def write_mark(self, name: str, data: bytes) -> None:
+        """Write (temp file, rename; fsync'd where the tier fsyncs) into every drive's directory."""
+        for d in self.dirs:
+            with replacing_file(d.path / name, self.settings.file_mode, fsync=self.fsync) as fd:
+                os.write(fd, data)
 
     def loc_name(self, ref: Ref) -> str:
         return f"{self.dirs[ref.part].unit_name(ref.loc.unit)}@{ref.loc.offset}"

@@ -218,3 +218,61 @@ def test_mlx_engine_round_trip_sealed_and_without_the_key_nothing_is_served(tmp_
         assert eng.read(ks, 0).n_ok == 0  # another key: misses, no exception into the runtime
     finally:
         eng.close()
+
+
+# ------------------------------------------------------------------ a sealed store says so, on every tier
+@pytest.mark.parametrize("kind", ["nfs", "s3"])
+def test_a_sealed_shared_tier_is_marked_and_refuses_a_writer_without_the_key(tmp_path: Path, kind: str,
+                                                                             s3_endpoint: str) -> None:
+    """The seal mark on an NFS-style shared directory (a file, fsync'd) and on S3 (an object under
+    `<prefix>m/`): a process without the key refuses to open it for writing, one that only looks
+    serves no plaintext record of it."""
+    from lifeboat_cache.config import ConfigError
+    from lifeboat_cache.records.keyring import Key, key_id, read_key_file
+    from lifeboat_cache.records.seal_mark import mark_name, mark_verifies
+
+    key = make_key(tmp_path / "keys")
+    entry = tier_entry(kind, tmp_path, s3_endpoint)
+    with store([entry], key) as st:
+        assert all(st.put(NS, ["a"], [page(1)]))
+    raw = read_key_file(key)
+    name = mark_name(key_id(raw))
+    if kind == "s3":
+        body = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").get_object(
+            Bucket=entry["bucket"], Key=f"cache/m/{name}")["Body"].read()
+    else:
+        body = (tmp_path / "t" / name).read_bytes()
+    assert mark_verifies(Key(key_id(raw), key, None, raw), body)
+    with pytest.raises(ConfigError, match="is a sealed store.*LIFEBOAT_KEY_FILE"):
+        store([entry], None)
+    doc = {"storage": [entry], "engine": {"io_workers": 2}}
+    with ChunkStore.open(settings_from_dict(doc), background=False, seal=False) as look:
+        header, parts, _ = codec.build_record(page(2).view(np.uint8), itemsize=2, dtype=codec.DTYPE_CODES["u2"],
+                                              digest=bytes(16), namespace=NS, compress=False)
+        plant(look, NS, "p", with_identity(header + b"".join(bytes(memoryview(p)) for p in parts), NS, "p"))
+        assert get(look, ["p"], [page(2)]) == [False] and misses(look) == {f"miss_{UNSEALED}": 1}
+    with store([entry], key) as st:  # the key holder still reads its page
+        assert get(st, ["a"], [page(1)]) == [True]
+
+
+@pytest.mark.parametrize("kind", ["nfs", "s3"])
+def test_a_planted_plaintext_twin_never_shadows_the_page_on_a_shared_tier(tmp_path: Path, kind: str,
+                                                                          s3_endpoint: str) -> None:
+    """A writer with storage access and a key of its own (or none) adds plaintext twins of the
+    victim's pages, newer than them (a newer S3 object, a newer segment with the index snapshot
+    removed): the victim's fresh index keeps the copies that open, and every page is served."""
+    key, other = make_key(tmp_path / "keys", "victim.key"), make_key(tmp_path / "keys", "attacker.key")
+    entry = tier_entry(kind, tmp_path, s3_endpoint)
+    ks, ps = keys(4), [page(i) for i in range(4)]
+    with store([entry], key) as st:
+        assert all(st.put(NS, ks, ps))
+    with store([entry], other) as attacker:
+        for k, p in zip(ks, ps):
+            header, parts, _ = codec.build_record(p.view(np.uint8), itemsize=2, dtype=codec.DTYPE_CODES["u2"],
+                                                  digest=bytes(16), namespace=NS, compress=False)
+            plant(attacker, NS, k, with_identity(header + b"".join(bytes(memoryview(q)) for q in parts), NS, k))
+    if kind == "nfs":
+        (tmp_path / "t" / "index.snapshot").unlink()
+    with store([entry], key) as st:
+        assert get(st, ks, ps) == [True] * 4, misses(st)
+        assert misses(st) == {}

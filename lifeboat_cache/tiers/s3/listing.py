@@ -28,6 +28,7 @@ from ...cooldown import LogOnce
 from ...index import Index
 from ...metrics import Counters
 from ...records import parse_trailer, trailer_size
+from ..base import Rank, settle_twins
 from .client import STALE_CODES, S3Client, S3Error
 from .objects import ObjectTable, parse_name
 
@@ -54,6 +55,7 @@ class Lister:
     fetch_workers: int
     refresh_interval_s: float
     closed: threading.Event
+    rank: Rank | None = None  # settles twins (base.settle_twins): the copy of a page that opens is indexed
     newest_ms: int = field(default=0, init=False)
     listed_ok: bool = field(default=False, init=False)
     last_full: float = field(default=0.0, init=False)
@@ -154,10 +156,21 @@ class Lister:
             units.append(np.full(len(table), obj.id, np.uint32))
             offs.append(table["offset"])
             lens.append(table["length"])
-        if keys:  # oldest first: for a key stored twice, the last (newest) copy wins
-            self.index.insert_arrays(np.concatenate(keys[::-1]), np.concatenate(units[::-1]),
-                                     np.concatenate(offs[::-1]), np.concatenate(lens[::-1]), if_absent=True)
+        if keys:  # oldest first: for a key stored twice, the last (newest) copy wins, unless it ranks lower
+            cols = settle_twins(self.index, self.rank, self.read_record, np.concatenate(keys[::-1]),
+                                np.concatenate(units[::-1]), np.concatenate(offs[::-1]), np.concatenate(lens[::-1]))
+            self.index.insert_arrays(*cols, if_absent=True)
             self.counters.add("listed_records", sum(map(len, keys)))
+
+    def read_record(self, unit_id: int, offset: int, length: int) -> bytes | None:
+        """One record's bytes (a twin to rank: one ranged GET), or None when it cannot be read."""
+        obj = self.objects.get(unit_id)
+        if obj is None:
+            return None
+        try:
+            return self.client.get_range(self.data_prefix + obj.name, offset, offset + length - 1, True)
+        except S3Error:
+            return None
 
     def _fetch_table(self, obj_name: str, size: int) -> np.ndarray | None:
         """The record table of one object (one ranged GET), or None if it has no valid trailer."""

@@ -37,7 +37,7 @@ from ...config import DEFAULT_DEADLINE_S, DEFAULT_IO_WORKERS, TierSettings
 from ...index import Index, Loc
 from ...metrics import Counters
 from ...records import build_trailer, raw_length, writer_tag
-from ..base import Describing, ObjectPurging, Probing, Ref, SingleIndexTier
+from ..base import Describing, Marking, ObjectPurging, Probing, Rank, Ref, SingleIndexTier
 from .client import DELETE_BATCH_KEYS, STALE_CODES, S3Client, S3Error
 from .listing import Lister
 from .objects import ObjectTable, parse_name
@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 DATA_DIR = "o/"
 QUARANTINE_DIR = "q/"
+MARKS_DIR = "m/"  # small objects about the store itself (a sealed store's seal mark)
 BACKGROUND_CONNECTIONS = 8  # copier and index threads, on top of the io workers
 
 
@@ -54,7 +55,7 @@ def _norm_prefix(prefix: str) -> str:
     return prefix if not prefix or prefix.endswith("/") else prefix + "/"
 
 
-class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging):
+class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
     """The tier: `client` (S3Client) does the requests, `objects` (ObjectTable) knows the objects,
     the background thread keeps them in step with the bucket (listing.py) and evicts (gc)."""
 
@@ -65,7 +66,7 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging):
 
     def __init__(self, settings: TierSettings, *, io_workers: int = DEFAULT_IO_WORKERS,
                  client: Any = None, name: str | None = None, deadline_s: float | None = None,
-                 read_only: bool = False, evict: bool = True) -> None:
+                 read_only: bool = False, evict: bool = True, rank: Rank | None = None) -> None:
         if not settings.bucket:
             raise ValueError("an s3 tier needs a bucket")
         self.settings = settings
@@ -94,7 +95,7 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging):
         self.lister = Lister(self.client, self.objects, self.counters, name=self.name,
                              data_prefix=self.data_prefix, quarantine_prefix=self.quarantine_prefix,
                              fetch_workers=self.fetch_workers, refresh_interval_s=self.refresh_interval_s,
-                             closed=self._closed)
+                             closed=self._closed, rank=rank)
 
     @property
     def list_page_keys(self) -> int:
@@ -215,6 +216,17 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging):
             self.client.put(f"{self.quarantine_prefix}{obj.name}@{ref.loc.offset}", mark, background=True)
         except OSError as e:
             log.warning("lifeboat: cannot record quarantine on %s: %s", self.name, e)
+
+    def read_marks(self, prefix: str, limit_bytes: int) -> dict[str, bytes]:
+        """Objects `<prefix>m/<prefix>*`, each read with one ranged GET of at most limit_bytes."""
+        where = self.prefix + MARKS_DIR
+        listed = self.client.list(where + prefix)
+        return {prefix + n: self.client.get_range(where + prefix + n, 0, min(size, limit_bytes) - 1, True)
+                if size and limit_bytes else b"" for n, size in listed.items()}
+
+    def write_mark(self, name: str, data: bytes) -> None:
+        """One PutObject (atomic on S3)."""
+        self.client.put(self.prefix + MARKS_DIR + name, data)
 
     def probe(self) -> None:
         """One small data-path request (a 1-key listing); raises OSError while the server fails or hangs.

@@ -23,6 +23,7 @@ from ...index import Index, Loc
 from ...metrics import Counters
 from ...records import Record
 from ...retention import AccessTable, RewriteBudget
+from ..base import Rank
 from . import compaction, inspection
 from .access_files import AccessFiles
 from .capacity import COUNTERS as EVICTION_COUNTERS, Evictor
@@ -50,12 +51,13 @@ class SegmentDir:
 
     `read_only`: never create, change or delete a file (stats, verify). `evict=False`: change files
     (quarantine, orphan seal) but never evict (verify --fix). `eviction` / `sharing`: the policies of
-    a directory other hosts share (shared_dir.py); the defaults are a local directory's.
+    a directory other hosts share (shared_dir.py); the defaults are a local directory's. `rank`:
+    which copy of a page a scan keeps when it meets the page twice (base.settle_twins).
     """
 
     def __init__(self, path: Path, settings: DirSettings, *, name: str = "local", read_only: bool = False,
                  evict: bool = True, eviction: EvictionPolicy | None = None,
-                 sharing: SharingPolicy | None = None) -> None:
+                 sharing: SharingPolicy | None = None, rank: Rank | None = None) -> None:
         self.path = Path(path)
         self.name = name
         self.settings = settings
@@ -79,7 +81,7 @@ class SegmentDir:
         self.quarantined = Quarantine(self.path, file_mode=self.file_mode, read_only=read_only, counters=self.counters,
                                       log_once=self.log_once, foreign=self.foreign)
         self.scanner = Scanner(self.table, self.index, self.counters, self.quarantined, read_only=read_only,
-                               orphan_idle_s=settings.orphan_idle_s, sharing=self.sharing, owner=self)
+                               orphan_idle_s=settings.orphan_idle_s, sharing=self.sharing, owner=self, rank=rank)
         self.snapshots = Snapshots(self.table, self.index, self.counters, self.scanner, self.quarantined,
                                    file_mode=self.file_mode, fsync=settings.fsync, read_only=read_only,
                                    closed=self._closed.is_set, log_once=self.log_once)

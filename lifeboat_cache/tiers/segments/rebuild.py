@@ -24,6 +24,7 @@ from ...metrics import Counters
 from ...records import index_key
 from .eviction import SharingPolicy
 from .format import SEGMENT_SUFFIX, parse_name, read_table
+from ..base import Rank, settle_twins
 from .quarantine import Quarantine
 from .units import Unit, UnitTable
 from .walk import Walk, walk
@@ -60,8 +61,10 @@ class Scanner:
     """
 
     def __init__(self, table: UnitTable, index: Index, counters: Counters, quarantine: Quarantine, *,
-                 read_only: bool, orphan_idle_s: float, sharing: SharingPolicy, owner: ScanOwner) -> None:
+                 read_only: bool, orphan_idle_s: float, sharing: SharingPolicy, owner: ScanOwner,
+                 rank: Rank | None = None) -> None:
         self.table, self.index, self.counters, self.quarantine = table, index, counters, quarantine
+        self.rank = rank  # settles twins (base.settle_twins): the copy of a page that opens is the one indexed
         self.path = table.path
         self.read_only, self.orphan_idle_s = read_only, orphan_idle_s
         self.sharing, self.owner = sharing, owner
@@ -166,7 +169,8 @@ class Scanner:
     def insert(self, keys: np.ndarray, units: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> None:
         """Index entries if absent: at once, or batched while this thread runs the initial rebuild."""
         if self._batch_owner != threading.get_ident():
-            self.index.insert_arrays(keys, units, offs, lens, if_absent=True)
+            self.index.insert_arrays(*settle_twins(self.index, self.rank, self.read_record, keys, units, offs, lens),
+                                     if_absent=True)
             return
         pos = 0
         while pos < len(keys):  # a big input (a snapshot) goes in growing pieces too
@@ -177,6 +181,22 @@ class Scanner:
             pos = end
             if self._batch_n >= self._batch_limit():
                 self.flush_batch()
+
+    def read_record(self, unit_id: int, offset: int, length: int) -> bytes | None:
+        """One record's bytes (a twin to rank), or None when its segment is gone or unreadable."""
+        unit = self.table.get(unit_id)
+        if unit is None:
+            return None
+        try:
+            fd = self.table.acquire(unit)
+        except OSError:
+            return None
+        try:
+            return os.pread(fd, length, offset)
+        except OSError:
+            return None
+        finally:
+            self.table.release(unit)
 
     def _batch_limit(self) -> int:
         return min(max(BATCH_MIN, self.batched), max(BATCH_MAX, self.batched // 8))
@@ -200,6 +220,7 @@ class Scanner:
         keep = alive[units]
         if not keep.all():
             keys, units, offs, lens = keys[keep], units[keep], offs[keep], lens[keep]
+        keys, units, offs, lens = settle_twins(self.index, self.rank, self.read_record, keys, units, offs, lens)
         self.index.insert_arrays(keys, units, offs, lens, if_absent=True)
         self.batched += len(keys)
 

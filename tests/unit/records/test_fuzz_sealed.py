@@ -23,7 +23,8 @@ from test_fuzz_codec import DIGEST, NS, _figure, _settings, damage, judge_read, 
 from lifeboat_cache.records import codec  # noqa: E402
 from lifeboat_cache.records.codec import HEADER_SIZE, SEAL_OVERHEAD
 from lifeboat_cache.records.payloads import RecordError  # noqa: E402
-from lifeboat_cache.records.sealing import Key, Keyring, Sealer, key_id  # noqa: E402
+from lifeboat_cache.records.keyring import Key, Keyring, key_id  # noqa: E402
+from lifeboat_cache.records.sealing import Sealer  # noqa: E402
 
 
 def _sealer(raw: bytes) -> Sealer:
@@ -121,3 +122,57 @@ def test_fuzz_forged_records_never_open(capsys: Any) -> None:
     _figure(capsys, "forged records against a sealed store", tally, accepted="served")
     assert tally["refused"] == 500 * int(os.environ.get("LIFEBOAT_FUZZ_SCALE", "1"))
     assert set(reasons) <= {"unsealed", "sealed_unknown_key", "sealed_auth", "header"} and reasons["sealed_auth"] > 0
+
+
+def test_fuzz_planted_twins_never_shadow_the_copy_that_opens(capsys: Any) -> None:
+    """A page stored once by the store and up to four times by a writer without the key (plaintext,
+    sealed with its own key, the store's record with a flipped bit and forged checksums, garbage), in
+    any order, some already indexed and some met in one rebuild batch (tiers.settle_twins with the
+    store's Sealer.rank over a real Index): the index ends on the copy that opens, every time."""
+    from lifeboat_cache.index import Index
+    from lifeboat_cache.tiers import settle_twins
+
+    tally: Counter = Counter()
+
+    @_settings(200)
+    @given(st.data())
+    def run(data: Any) -> None:
+        arr = data.draw(page())
+        flat = arr.view(np.uint8).reshape(-1)
+        kw = {"itemsize": arr.dtype.itemsize, "dtype": codec.dtype_code(arr), "digest": DIGEST, "namespace": NS}
+        h, parts, _ = SEALER.build(flat, compress=data.draw(st.booleans()), **kw)
+        good = b"".join([h, *(bytes(memoryview(p).cast("B")) for p in parts)])
+        copies = [good]
+        for kind in data.draw(st.lists(st.sampled_from(["plaintext", "other_key", "bad_tag", "junk"]), max_size=4)):
+            if kind == "plaintext":
+                h, parts, _ = codec.build_record(flat, compress=False, **kw)
+                copies.append(b"".join([h, *(bytes(memoryview(p).cast("B")) for p in parts)]))
+            elif kind == "other_key":
+                h, parts, _ = OTHER.build(flat, compress=False, **kw)
+                copies.append(b"".join([h, *(bytes(memoryview(p).cast("B")) for p in parts)]))
+            elif kind == "bad_tag":
+                bad = bytearray(good)
+                bad[data.draw(st.integers(HEADER_SIZE, len(bad) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+                copies.append(forge_checksums(bad))
+            else:
+                copies.append(data.draw(st.binary(min_size=1, max_size=200)))
+        order = data.draw(st.permutations(range(len(copies))))
+        placed = {(u, 0): copies[c] for u, c in enumerate(order)}  # unit u holds copy order[u] at offset 0
+        index, key = Index(), 1234
+        cut = data.draw(st.integers(0, len(order)))  # units before the cut: an earlier rebuild batch
+        for batch in (range(cut), range(cut, len(order))):
+            units = np.array(list(batch), np.uint32)
+            cols = settle_twins(index, SEALER.rank, lambda u, o, n: placed[(u, o)][:n],
+                                np.full(len(units), key, np.int64), units, np.zeros(len(units), np.uint64),
+                                np.array([len(placed[(int(u), 0)]) for u in units], np.uint32))
+            index.insert_arrays(*cols, if_absent=True)
+        loc = index.get(key)
+        assert loc is not None and placed[(loc.unit, 0)] == good, "a twin shadows the copy that opens"
+        tally["kept"] += 1
+        tally["twins"] += len(copies) - 1
+
+    run()
+    with capsys.disabled():
+        print(f"\nplanted twins of a sealed page: {tally['kept']} pages, {tally['twins']} twins: the copy that "
+              f"opens indexed {tally['kept']} times")
+    assert tally["kept"] == 200 * int(os.environ.get("LIFEBOAT_FUZZ_SCALE", "1"))
