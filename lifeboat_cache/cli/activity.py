@@ -52,6 +52,7 @@ def collect_activity(settings: Settings, since_s: float, now: float | None = Non
     raw, stored = c.get("bytes_written_raw", 0), c.get("bytes_written_stored", 0)
     return {
         "tier_snapshots": snapshot_saves(recs),
+        "tier_retention": retention_figures(recs),
         "stats_dir": str(directory),
         "processes": {"live": len(live), "recent": len(recs) - len(live), "since_s": since_s},
         "activity": {
@@ -67,6 +68,19 @@ def collect_activity(settings: Settings, since_s: float, now: float | None = Non
         "cooldowns": cooldowns,
         "last_error": max(errors, key=lambda e: e["time"]) if errors else None,
     }
+
+
+def retention_figures(recs: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per tier name: what retention did in the serving processes (their stats files' counters, summed)."""
+    from ..retention import RETENTION_COUNTERS
+
+    out: dict[str, dict[str, int]] = {}
+    for r in recs:
+        for t in r.get("tiers") or []:
+            d = out.setdefault(str(t.get("tier")), dict.fromkeys(RETENTION_COUNTERS, 0))
+            for k in RETENTION_COUNTERS:
+                d[k] += int(t.get(k) or 0)
+    return out
 
 
 def snapshot_saves(recs: list[dict[str, Any]]) -> dict[str, dict[str, int | None]]:

@@ -16,6 +16,7 @@ from typing import Any
 from ..store import ChunkStore
 from ..tiers import Describing, SegmentDirs
 from ..config import format_size
+from ..retention import RETENTION_COUNTERS
 from .activity import collect_activity, parse_since, print_activity
 from .checked import open_checked
 from .errors import EXIT_DATA, EXIT_OK, EXIT_STORAGE, EXIT_USAGE, fail
@@ -48,6 +49,7 @@ def collect_stats(store: ChunkStore) -> dict[str, Any]:
             "capacity_bytes": cap,
             "capacity_used": round(tier.usage_bytes() / cap, 4) if cap else None,
             **{k: int(st[k]) for k in REBUILD_FIELDS if k in st},
+            "retention_read_records": int(st.get("retention_read_records", 0)),
         })
     if store.sealer.active:  # which key sealed how many pages (reads each record's header)
         for t, by_key in zip(tiers, store.pages_by_key_id()):
@@ -64,8 +66,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         t.update(reachable=h.reachable, last_error=h.error)
     stats.update(collect_activity(store.settings, since))
     serving = stats.pop("tier_snapshots")
+    kept = stats.pop("tier_retention")
     for t in stats["tiers"]:
         t.update(serving.get(t["tier"], {"snapshot_saves": 0, "snapshot_save_failures": 0, "snapshot_save_ms": None}))
+        t["retention"] = {"read_records_known": t.pop("retention_read_records", 0),
+                          **kept.get(t["tier"], dict.fromkeys(RETENTION_COUNTERS, 0))}
     bad = [h for h in health if not h.reachable]
     if args.json:
         print(json.dumps(stats, indent=2))
@@ -88,6 +93,11 @@ def print_stats(stats: dict[str, Any]) -> None:
               f"  stored: {format_size(t['stored_bytes'], 1)} (raw {format_size(t['raw_bytes'], 1)}, ratio {ratio})\n"
               f"  capacity: {cap}\n  index snapshots saved by serving processes: {t['snapshot_saves']} "
               f"({t['snapshot_save_failures']} failed)")
+        r = t["retention"]
+        print(f"  retention: {r['read_records_known']} read records known now; serving processes kept "
+              f"{r['retention_kept_segments']} segment(s) whole, reinserted {r['retention_reinserted_records']} read "
+              f"record(s) ({format_size(r['retention_rewritten_bytes'], 1)} rewritten), evicted "
+              f"{r['evicted_unread_records']} unread record(s)")
         if "pages_by_key_id" in t:
             print("  pages per key id: " + (", ".join(f"{k} {v}" for k, v in t["pages_by_key_id"].items()) or "none"))
 
@@ -142,6 +152,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         # records no configured key opens (rotated out, shredded, plaintext): dropped, bytes compacted below
         unreadable = store.drop_unreadable()
         freed = store.gc()
+        kept = {k: sum(int(t.stats().get(k, 0)) for t in store.tiers) for k in RETENTION_COUNTERS}
         compacted: dict[str, int] = {}
         for tier in store.tiers:  # then remove purged / dead records' bytes (tiers/segments/compaction.py)
             if isinstance(tier, SegmentDirs):
@@ -151,9 +162,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
     freed += compacted.get("freed_bytes", 0)
     if args.json:
         print(json.dumps({"config": store.settings.source, "freed_bytes": freed, "usage_bytes": usage,
-                          "dropped_unreadable": unreadable, "compaction": compacted or None}, indent=2))
+                          "dropped_unreadable": unreadable, "retention": kept, "compaction": compacted or None},
+                         indent=2))
         return EXIT_OK
     print(f"gc: freed {format_size(freed, 1)}; now using {format_size(usage, 1)}")
+    if any(kept.values()):
+        print(f"gc: retention kept {kept['retention_kept_segments']} segment(s) whole and reinserted "
+              f"{kept['retention_reinserted_records']} read record(s) ({format_size(kept['retention_rewritten_bytes'], 1)}"
+              f" rewritten); {kept['evicted_unread_records']} unread record(s) evicted")
     if unreadable:
         print(f"gc: dropped {unreadable} record(s) that no configured encryption key opens")
     if compacted:

@@ -28,6 +28,7 @@ from ..config import Settings, default_cache_dir
 from ..cooldown import LogOnce
 from ..config import DEFAULT_INTERVAL_S, parse_interval
 from ..fsio import make_dirs, write_new_file  # owner-only whatever the umask; no symlink followed
+from ..retention import RETENTION_COUNTERS
 
 if TYPE_CHECKING:
     from ..store import ChunkStore
@@ -80,7 +81,7 @@ def tier_state(store: "ChunkStore") -> list[dict[str, Any]]:
             "usage_bytes": int(st.get("usage_bytes") or 0), "capacity_bytes": st.get("capacity_bytes"),
             "rebuild_s": (st["rebuild_ms"] / 1000.0) if "rebuild_ms" in st else None,
             "reads_cooling_down": rc.active(), "writes_cooling_down": wc.active(),
-            **{k: int(st[k]) for k in SNAPSHOT_SAVE_FIELDS if k in st},
+            **{k: int(st[k]) for k in (*SNAPSHOT_SAVE_FIELDS, *RETENTION_COUNTERS) if k in st},
         })
     return out
 

@@ -23,6 +23,10 @@ from dataclasses import dataclass
 KEEP_WHOLE_SHARE = 0.75
 REWRITE_SHARE = 0.5
 
+#: What a tier reports of the policy (per tier in `stats`, summed over serving processes by `lifeboat stats`).
+COUNTERS = ("evicted_unread_records", "retention_kept_segments", "retention_kept_records",
+            "retention_reinserted_records", "retention_rewritten_bytes", "retention_over_budget_records")
+
 EVICT = "evict"
 KEEP = "keep"
 REINSERT = "reinsert"

@@ -148,6 +148,7 @@ class LocalTier(Tier, Auditing, Describing, SegmentDirs, RecordRuns, Marking):
             for k, v in d.counters.snapshot().items():
                 counters[k] = counters.get(k, 0) + v
         out.update(counters)
+        out["retention_read_records"] = sum(d.access.read_records() for d in self.dirs)
         return out
 
     def describe(self) -> list[dict[str, int | str | bool]]:

@@ -5,6 +5,7 @@
   objects.py   ObjectTable: the bucket's objects this process knows (its lock's only owner), names
   listing.py   Lister: index rebuild and refresh from listings, one ranged GET per new trailer
   purge.py     purge: delete objects holding only purged records, rewrite mixed ones
+  keeping.py   S3Keeping: retention's read counts and capacity gc over objects, state shared under r/
 """
 
 from __future__ import annotations

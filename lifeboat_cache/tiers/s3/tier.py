@@ -9,6 +9,7 @@ and a checksummed footer, so one ranged GET of exactly the trailer indexes an ob
   client.py    the requests (two boto3 clients, errors as S3Error, credentials, operator options)
   objects.py   the object table (objects by id and name, usage, unreadable and quarantined hints)
   listing.py   the index rebuild and refresh (listings, trailer fetches, retries of bad objects)
+  keeping.py   retention: read counts, capacity gc (evict, keep or reinsert), the shared state under r/
 
 and `lifeboat purge` runs in purge.py over the table and the client.
 
@@ -18,8 +19,9 @@ and `lifeboat purge` runs in purge.py over the table and the client.
 * Reads are ranged GETs of one record; the store verifies it. Writes are one PUT per batch, then
   the index (write, then index). The store writes its own batches as one object when this is the
   first tier (`batch_writes`).
-* Capacity: bytes of every object listed or written; over capacity, the oldest objects are deleted
-  (DeleteObjects, up to 1000 per request, or one DeleteObject each where refused) by the background
+* Capacity: bytes of every object listed or written; over capacity, the object at the head of the
+  retention queue is deleted, kept, or its read records copied to a new object first (keeping.py;
+  DeleteObjects, up to 1000 per request, or one DeleteObject each where refused), by the background
   thread. No capacity = no eviction (use a bucket lifecycle rule).
 * A record that fails verification is dropped from the index and marked by a tiny object under
   `<prefix>q/`, so a later rebuild (on any host) skips it.
@@ -33,12 +35,15 @@ import threading
 import time
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from ...config import DEFAULT_DEADLINE_S, DEFAULT_IO_WORKERS, TierSettings
 from ...index import Index, Loc
 from ...metrics import Counters
 from ...records import build_trailer, raw_length, writer_tag
 from ..base import Describing, Marking, ObjectPurging, Probing, Rank, Ref, SingleIndexTier
-from .client import DELETE_BATCH_KEYS, STALE_CODES, S3Client, S3Error
+from .client import STALE_CODES, S3Client, S3Error
+from .keeping import COUNTERS as RETENTION_COUNTERS, S3Keeping
 from .listing import Lister
 from .objects import ObjectTable, parse_name
 
@@ -96,6 +101,8 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
                              data_prefix=self.data_prefix, quarantine_prefix=self.quarantine_prefix,
                              fetch_workers=self.fetch_workers, refresh_interval_s=self.refresh_interval_s,
                              closed=self._closed, rank=rank)
+        self.counters.declare(*RETENTION_COUNTERS)
+        self.keeping = S3Keeping(self)  # read counts and capacity gc (retention/)
 
     @property
     def list_page_keys(self) -> int:
@@ -116,6 +123,7 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
         if not background:
             self.lister.refresh(full=True)
             self._rebuilt.set()
+            self.keeping.sync(force=True)  # what was read before (and elsewhere) counts from the start
         self._thread.start()
         return self
 
@@ -127,6 +135,7 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
             t0 = time.perf_counter()
             self.lister.refresh(full=True)
             self._rebuilt.set()
+            self.keeping.sync(force=True)
             log.info("lifeboat: %s index rebuilt: %d pages in %d objects in %.0f ms", self.name,
                      len(self.index), len(self.objects), (time.perf_counter() - t0) * 1e3)
         while not self._closed.is_set():
@@ -136,6 +145,7 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
                 break
             self.lister.refresh(full=self.lister.full_due())
             self.lister.retry_bad()
+            self.keeping.sync()
             if not self.evict:
                 continue
             try:
@@ -149,11 +159,12 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
 
     # ------------------------------------------------------------------ Tier API
     def write_many(self, records: Sequence[tuple[int, bytes, Sequence[object], int]],
-                   affinity: int = 0, background: bool = False) -> list[Ref]:
+                   affinity: int = 0, background: bool = False, born_ms: int | None = None) -> list[Ref]:
         """Store the records as one object (one PUT), then index them.
 
         `background` (the copier): use the client with the configured timeouts, not the data
-        path's deadline-sized ones (a large batch may take longer than SGLang may wait).
+        path's deadline-sized ones (a large batch may take longer than SGLang may wait). `born_ms`:
+        records kept by retention, first written then (the object is named with that time).
         """
         if not records:
             return []
@@ -165,11 +176,13 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
             parts.extend(bufs)
             end += length
         body = b"".join([*parts, build_trailer(end, entries)])  # type: ignore[list-item]
-        obj_name = self.object_name(int(time.time() * 1000), len(records))
+        obj_name = self.object_name(int(time.time() * 1000) if born_ms is None else born_ms, len(records))
         self.client.put(self.data_prefix + obj_name, body, background=background)
         self.counters.add("bytes_written", len(body))
         obj = self.objects.register(obj_name, len(body), records=len(entries), stored_bytes=end,
                                     raw_bytes=sum(e[3] for e in entries))
+        if born_ms is None:
+            self.keeping.budget.wrote(end)
         over = self.settings.capacity_bytes is not None and self.objects.usage > self.settings.capacity_bytes
         refs = []
         for (ikey, _, _, _), (_, off, length, _) in zip(records, entries):
@@ -195,6 +208,7 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
             return False
         if len(data) != ref.loc.length:
             return False
+        self.keeping.hit(obj, ref.loc.offset)
         src = memoryview(data)
         pos = 0
         for b in bufs:
@@ -202,6 +216,9 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
             b[:] = src[pos: pos + b.nbytes]
             pos += b.nbytes
         return True
+
+    def touch(self, ikeys: np.ndarray) -> None:
+        self.keeping.touch(ikeys)
 
     def forget(self, ikey: int, ref: Ref, reason: str) -> None:
         self.index.remove_if_match(ikey, ref.loc)
@@ -260,32 +277,19 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
         return self.settings.capacity_bytes
 
     def gc(self) -> int:
-        """Delete whole oldest objects until usage <= capacity. Returns bytes freed."""
+        """Free objects as retention decides (keeping.py) until usage <= capacity. Returns bytes freed."""
         cap = self.settings.capacity_bytes
         if cap is None or self.read_only or not self._gc_lock.acquire(blocking=False):
             return 0
         try:
-            victims = self.objects.over_capacity(cap)
-            freed = 0
-            for i in range(0, len(victims), DELETE_BATCH_KEYS):
-                batch = victims[i: i + DELETE_BATCH_KEYS]
-                keys = [self.data_prefix + o.name for o in batch]
-                failed = self.client.delete(keys)
-                for o, k in zip(batch, keys):
-                    if k not in failed:
-                        self.objects.drop(o)
-                        freed += o.size
-                        self.counters.add("evicted_objects")
-                        self.counters.add("evicted_bytes", o.size)
-            self._forget_marks({o.name for o in victims})
-            return freed
+            return self.keeping.gc(cap)
         except OSError as e:
             log.warning("lifeboat: eviction on %s failed: %s", self.name, e)
             return 0
         finally:
             self._gc_lock.release()
 
-    def _forget_marks(self, gone: set[str]) -> None:
+    def forget_marks(self, gone: set[str]) -> None:
         """Delete the quarantine marks of evicted objects (best effort: they are only hints)."""
         marks = self.objects.take_marks(gone)
         if not marks:
@@ -308,9 +312,12 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
         out.update(objects=len(self.objects), invalid_objects=invalid, retrying_objects=retrying)
         out.update(pages=len(self.index), rebuilt=self._rebuilt.is_set(), listed_ok=self.lister.listed_ok)
         out.update(self.counters.snapshot())
+        out["retention_read_records"] = self.keeping.access.read_records()
         return out
 
     def close(self) -> None:
+        if not self.read_only and self._rebuilt.is_set():
+            self.keeping.sync(force=True)
         self._closed.set()
         self._wake.set()
         if self._thread is not None and self._thread.is_alive():

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...index import Index, Loc
 from ...metrics import Counters
-from ...retention import EVICT, KEEP, REINSERT, AccessTable, RewriteBudget, choose
+from ...retention import EVICT, KEEP, REINSERT, RETENTION_COUNTERS, AccessTable, RewriteBudget, choose
 from .eviction import EvictionPolicy
 from .format import read_table, unit_ms
 from .units import Unit, UnitTable
@@ -29,9 +29,7 @@ if TYPE_CHECKING:
 
 Row = tuple[int, int, bytes, int]  # a read record of the victim: (index key, offset, digest, length)
 
-COUNTERS = ("evicted_segments", "evicted_bytes", "evicted_unread_records", "retention_kept_segments",
-            "retention_kept_records", "retention_reinserted_records", "retention_rewritten_bytes",
-            "retention_over_budget_records")
+COUNTERS = ("evicted_segments", "evicted_bytes", *RETENTION_COUNTERS)
 
 
 class Evictor:

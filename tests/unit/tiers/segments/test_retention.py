@@ -4,6 +4,7 @@ keep the age of their first write."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -164,3 +165,25 @@ def test_a_damaged_state_file_is_ignored(tmp_path: Path, caplog) -> None:  # typ
         served = [_round(st, r) for r in range(8)]
     assert served[1:] == [HOT] * 7
     assert "ignoring retention state retention-otherhost-1-abc.state" in caplog.text
+
+
+def test_lifeboat_gc_uses_the_same_policy_and_stats_show_it(tmp_path: Path) -> None:
+    """A serving process reads the hot pages and exits; the operator lowers `capacity:` and runs
+    `lifeboat gc`: the hot pages stay, one-off ones go, and gc and stats report what retention did."""
+    store = tmp_path / "store"
+    cfg = tmp_path / "lifeboat.yaml"
+    with ChunkStore.open(settings(store, capacity="4MiB"), background=False) as st:
+        for r in range(8):
+            _round(st, r)
+    cfg.write_text(f"storage:\n  - type: local\n    path: {store}\n    capacity: 1MiB\n")
+    run = [sys.executable, "-m", "lifeboat_cache.cli"]
+    gc = subprocess.run([*run, "gc", "--json", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert gc.returncode == 0, gc.stderr
+    kept = json.loads(gc.stdout)["retention"]
+    assert kept["evicted_unread_records"] > 0 and kept["retention_kept_segments"] > 0, kept
+    stats = subprocess.run([*run, "stats", "--json", "--config", str(cfg)], capture_output=True, text=True,
+                           timeout=120)
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["tiers"][0]["retention"]["read_records_known"] >= HOT
+    with ChunkStore.open(settings(store, capacity="1MiB"), background=False) as st:
+        assert _serve(st, [f"hot{i}" for i in range(HOT)], list(range(HOT))) == HOT
