@@ -168,8 +168,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     print(f"gc: freed {format_size(freed, 1)}; now using {format_size(usage, 1)}")
     if any(kept.values()):
         print(f"gc: retention kept {kept['retention_kept_segments']} segment(s) whole and reinserted "
-              f"{kept['retention_reinserted_records']} read record(s) ({format_size(kept['retention_rewritten_bytes'], 1)}"
-              f" rewritten); {kept['evicted_unread_records']} unread record(s) evicted")
+              f"{kept['retention_reinserted_records']} read record(s) "
+              f"({format_size(kept['retention_rewritten_bytes'], 1)} rewritten); "
+              f"{kept['evicted_unread_records']} unread record(s) evicted")
     if unreadable:
         print(f"gc: dropped {unreadable} record(s) that no configured encryption key opens")
     if compacted:

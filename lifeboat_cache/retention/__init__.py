@@ -8,10 +8,11 @@
 from __future__ import annotations
 
 from .access import HIT_CAP, AccessTable
-from .policy import COUNTERS as RETENTION_COUNTERS, EVICT, KEEP, KEEP_WHOLE_SHARE, REINSERT, REWRITE_SHARE, RewriteBudget, choose
+from .policy import (
+    COUNTERS as RETENTION_COUNTERS, EVICT, KEEP, KEEP_WHOLE_SHARE, REINSERT, REWRITE_SHARE, RewriteBudget, choose)
 from .state_file import MAX_BYTES as STATE_MAX_BYTES, decode, encode
 
 __all__ = [
-    "EVICT", "HIT_CAP", "KEEP", "KEEP_WHOLE_SHARE", "REINSERT", "RETENTION_COUNTERS", "REWRITE_SHARE", "STATE_MAX_BYTES", "AccessTable",
-    "RewriteBudget", "choose", "decode", "encode",
+    "EVICT", "HIT_CAP", "KEEP", "KEEP_WHOLE_SHARE", "REINSERT", "RETENTION_COUNTERS", "REWRITE_SHARE",
+    "STATE_MAX_BYTES", "AccessTable", "RewriteBudget", "choose", "decode", "encode",
 ]

@@ -42,7 +42,7 @@ from ...index import Index, Loc
 from ...metrics import Counters
 from ...records import build_trailer, raw_length, writer_tag
 from ..base import Describing, Marking, ObjectPurging, Probing, Rank, Ref, SingleIndexTier
-from .client import STALE_CODES, S3Client, S3Error
+from .client import DELETE_BATCH_KEYS, STALE_CODES, S3Client, S3Error
 from .keeping import COUNTERS as RETENTION_COUNTERS, S3Keeping
 from .listing import Lister
 from .objects import ObjectTable, parse_name
