@@ -20,7 +20,9 @@ index thread, and never parses a record or touches a unit's fields itself.
     indexer.py        the index thread: initial rebuild, periodic refresh, change-counter catch-up
     snapshot_policy.py  when the index snapshot is loaded, checked and saved
     snapshot_file.py  the `index.snapshot` file: per-shard checksummed columns (format)
-    eviction.py       capacity gc, and the EvictionPolicy / SharingPolicy a directory kind passes in
+    capacity.py       capacity gc with retention: evict, keep whole or reinsert the unit at the queue's head
+    access_files.py   each process's retention state file: publish, absorb the others', remove the dead's
+    eviction.py       the EvictionPolicy / SharingPolicy a directory kind passes in
     shared_dir.py     NfsSharing: the policies of a directory other hosts write into (nfs)
     compaction.py     purge rules on the index, and `lifeboat gc`'s rewrite of purged segments
     inspection.py     per-segment figures (`lifeboat stats`) and the file -> index half of verify
@@ -29,7 +31,7 @@ index thread, and never parses a record or touches a unit's fields itself.
     format.py         segment names and ages, the trailer read and written through an fd
 
 Invariants: write, then index; unit ids only grow; a scan never overwrites a newer index entry;
-eviction unlinks whole oldest sealed segments; no file with intact records after a damaged one is
+eviction unlinks whole sealed segments, a reinserted record written and indexed first; no file with intact records after a damaged one is
 ever truncated; bytes on disk (open segments included) stay within the capacity plus a small slack.
 """
 

@@ -33,8 +33,8 @@ COUNTERS = ("evicted_segments", "evicted_bytes", *RETENTION_COUNTERS)
 
 
 class Evictor:
-    """Runs capacity gc for one directory, one pass at a time: a caller that finds one running waits for
-    it (`wait=True`, then runs its own, usually finding nothing left to do) or leaves (`wait=False`)."""
+    """Runs capacity gc for one directory, one pass at a time: a caller that finds one running waits for it
+    (then runs its own, usually finding nothing left to do), so writes never outrun eviction."""
 
     def __init__(self, table: UnitTable, writers: "Writers", index: Index, policy: EvictionPolicy,
                  access: AccessTable, budget: RewriteBudget, counters: Counters,
@@ -43,15 +43,11 @@ class Evictor:
         self.access, self.budget, self.counters, self._log_once = access, budget, counters, log_once
         self._running = threading.Lock()
 
-    def evict(self, limit: int, *, wait: bool = False) -> int:
+    def evict(self, limit: int) -> int:
         """Free units until the bytes on disk, open segments counted full, fit `limit`. Seals idle open
         segments early when only they are left. Returns bytes freed."""
-        if not self._running.acquire(blocking=wait):
-            return 0
-        try:
+        with self._running:
             return self._evict(limit)
-        finally:
-            self._running.release()
 
     def _evict(self, limit: int) -> int:
         freed, sealed_early, kept = 0, False, 0

@@ -42,7 +42,7 @@ from .writers import Writers
 log = logging.getLogger(__name__)
 
 AUTO_CAPACITY_MAX_BYTES = 64 << 30
-OPEN_SHARE = 16  # open segments together may hold at most 1/OPEN_SHARE of the capacity (all of it counts)
+OPEN_SHARE = 64  # open segments together may hold at most 1/OPEN_SHARE of the capacity (all of it counts)
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
 
 
@@ -289,8 +289,8 @@ class SegmentDir:
 
     def _auto_gc(self) -> None:
         """The capacity bound a serving process keeps; a maintenance open (evict=False) skips it."""
-        if self.evict:  # waits for a pass running in another thread: writes never outrun eviction
-            self.evictor.evict(self.capacity_bytes, wait=True)
+        if self.evict:
+            self.evictor.evict(self.capacity_bytes)
 
     def gc(self, target_bytes: int | None = None) -> int:
         """Free sealed segments, as retention decides (capacity.py), until the bytes on disk, open
@@ -301,7 +301,7 @@ class SegmentDir:
             return 0
         self.access_files.absorb_due(force=True)
         limit = self.capacity_bytes if target_bytes is None else target_bytes
-        return self.evictor.evict(limit, wait=True)
+        return self.evictor.evict(limit)
 
     # ------------------------------------------------------------------ inspection, verify, quarantine
     def purge_figures(self) -> dict[str, int]:
