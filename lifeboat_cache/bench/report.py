@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .report_plots import plots
+from .report_serving import serving_tables
 from .report_tables import tables
 
 __all__ = ["json_default", "write"]
@@ -19,7 +20,7 @@ __all__ = ["json_default", "write"]
 def write(res: dict[str, Any], out: Path) -> tuple[str, list[Path]]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=json_default))
-    md = tables(res)
+    md = tables(res) + "\n".join(serving_tables(res["sections"].get("serving")))
     (out / "results.md").write_text(md)
     return md, plots(res, out)
 
