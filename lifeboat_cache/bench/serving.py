@@ -89,8 +89,11 @@ class ServingPlan:
             "file": self.base + hicache_flags("file", host_ratio=ratio) + hicache + policy,
             "lifeboat": self.base + hicache_flags("lifeboat", store, host_ratio=ratio) + hicache + policy,
         }
-        self.env = {"none": {}, "host": {}, "file": {FILE_BACKEND_DIR_ENV: str(self.dirs["file"])},
-                    "lifeboat": {"LIFEBOAT_STATS_INTERVAL_S": "1"}}
+        # one intra-op thread per server: on a shared 2-core VM two OpenMP threads wait on each other whenever
+        # either is descheduled (seen at load 8: 4 s per decode step of 4 requests, 0.6 output tok/s)
+        threads = {"OMP_NUM_THREADS": str(sizes.serving_threads)}
+        self.env = {"none": threads, "host": threads, "file": {**threads, FILE_BACKEND_DIR_ENV: str(self.dirs["file"])},
+                    "lifeboat": {**threads, "LIFEBOAT_STATS_INTERVAL_S": "1"}}
         self.pool_tokens = {"device": sizes.serving_device_tokens,
                             "host": int(ratio * sizes.serving_device_tokens)}
 
@@ -169,7 +172,8 @@ def run(work: Path, sizes: Sizes) -> dict[str, Any]:
         "pools_tokens": plan.pool_tokens, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
         "conversations_kv_tokens": kv_tokens, "kv_over_pools": kv_tokens / pools if pools else None,
         "prefetch_policy": sizes.serving_prefetch_policy, "write_policy": sizes.serving_write_policy,
-        "stop": sizes.serving_stop, "output_tokens": sizes.serving_output_tokens, "concurrency": by_conc,
+        "stop": sizes.serving_stop, "output_tokens": sizes.serving_output_tokens, "threads": sizes.serving_threads,
+        "load_avg_end": os.getloadavg(), "concurrency": by_conc,
     }
 
 

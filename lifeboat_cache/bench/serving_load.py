@@ -30,12 +30,12 @@ COUNTERS = {
     "sglang:cached_tokens_total": "cache_source",
     "sglang:storage_prefetch_unfulfilled_tokens_total": "reason",
 }
-LIFEBOAT_COUNTERS = ("lifeboat_pages_written_total", "lifeboat_writes_dropped_total", "lifeboat_hits_total",
+STORE_COUNTERS = ("lifeboat_pages_written_total", "lifeboat_writes_dropped_total", "lifeboat_hits_total",
                      "lifeboat_misses_total", "lifeboat_pages_read_total")
 
 
 def counters(text: str) -> dict[str, float]:
-    """The counters of COUNTERS / LIFEBOAT_COUNTERS in a `/metrics` text: `name` or `name{label}` -> sum."""
+    """The counters of COUNTERS / STORE_COUNTERS in a `/metrics` text: `name` or `name{label}` -> sum."""
     from ..testing import parse_metrics
 
     out: dict[str, float] = {}
@@ -43,7 +43,7 @@ def counters(text: str) -> dict[str, float]:
         if name in COUNTERS:
             label = COUNTERS[name]
             key = f"{name}{{{labels.get(label, '')}}}" if label else name
-        elif name in LIFEBOAT_COUNTERS:
+        elif name in STORE_COUNTERS:
             key = name
         else:
             continue

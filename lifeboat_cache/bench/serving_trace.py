@@ -113,3 +113,32 @@ def halves(shape: TraceShape, turns_before_restart: int) -> tuple[tuple[int, int
                          f"({shape.turns - 1}); raise turns or lower it")
     first = shape.conversations * turns_before_restart
     return (0, first), (first, shape.visits - first)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lifeboat_cache.bench.serving_trace OUT.json [--conversations N ...]`: write a trace for
+    `python -m sglang.bench_serving --dataset-name agentic-trace` against any server (docs/perf/serving.md)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m lifeboat_cache.bench.serving_trace", description=main.__doc__)
+    p.add_argument("out", type=Path, help="the trace file to write (JSON)")
+    for name, default in asdict(TraceShape()).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, help=f"(default {default})")
+    p.add_argument("--turns-before-restart", type=int, default=None,
+                   help="also print the --dataset-offset / --num-prompts of the two halves")
+    args = p.parse_args(argv)
+    shape = TraceShape(**{k: getattr(args, k) for k in asdict(TraceShape())})
+    try:
+        write(args.out, shape)
+        cut = halves(shape, args.turns_before_restart) if args.turns_before_restart else None
+    except ValueError as e:
+        p.error(str(e))
+    print(f"{args.out}: {shape.visits} requests ({shape.conversations} conversations x {shape.turns} turns)")
+    if cut:
+        for label, (offset, count) in zip(("before", "after"), cut):
+            print(f"{label} the restart: --dataset-offset {offset} --num-prompts {count}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -56,6 +56,7 @@ class Sizes:
     serving_write_policy: str = "write_through"     # or write_through_selective, write_back
     serving_stop: str = "sigterm"                   # or sigkill: the restart in the middle
     serving_seed: int = 1
+    serving_threads: int = 1                        # OMP_NUM_THREADS of every server (see serving.py)
 
 
 QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1, realkv_tokens=64,

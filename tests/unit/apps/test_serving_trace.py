@@ -67,3 +67,17 @@ def test_halves_are_the_offset_and_count_that_cut_the_run_at_a_turn(tmp_path: Pa
 def test_bad_shape_names_the_field() -> None:
     with pytest.raises(ValueError, match="trace conversations: 0 must be a positive integer"):
         build(TraceShape(conversations=0))
+
+
+def test_command_line_writes_the_trace_and_prints_the_halves(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from lifeboat_cache.bench.serving_trace import main
+
+    out = tmp_path / "t.json"
+    assert main([str(out), "--conversations", "5", "--turns", "3", "--system-words", "30", "--user-words", "10",
+                 "--reply-words", "5", "--seed", "3", "--turns-before-restart", "2"]) == 0
+    assert out.read_bytes() == write(tmp_path / "same.json", SHAPE).read_bytes()
+    printed = capsys.readouterr().out
+    assert "--dataset-offset 0 --num-prompts 10" in printed and "--dataset-offset 10 --num-prompts 5" in printed
+    with pytest.raises(SystemExit):
+        main([str(out), "--turns", "0"])
+    assert "trace turns: 0 must be a positive integer" in capsys.readouterr().err
