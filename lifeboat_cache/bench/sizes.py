@@ -1,7 +1,9 @@
 """Which sections there are and how big each runs: the full preset (fits ~15 minutes on a 2-core
-machine; the server section adds ~7 minutes), the quick preset (CI: the whole harness end to end; all
-sections but `server` in well under 2 minutes, `server` starts four SGLang CPU servers, 30-50 s each on a
-loaded 2-core VM), and `--size key=value` overrides."""
+machine; the server section adds ~7 minutes, the serving section far more: eight SGLang starts and
+bench_serving runs per concurrency, ~30 minutes for one concurrency at the sizes of docs/perf/serving.md
+on a loaded 2-core VM), the quick preset (CI: the whole harness end to end; all sections but `server` and
+`serving` in well under 2 minutes, `server` starts four SGLang CPU servers, 30-50 s each on a loaded
+2-core VM, `serving` four more plus two short bench_serving runs each), and `--size key=value` overrides."""
 
 from __future__ import annotations
 
@@ -63,7 +65,8 @@ QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1
               index_pages="1000,10000", s3_pages=8, s3_page_kib=64, s3_io_workers=4, s3_latency_ms="0",
               mlx_tokens="128", mlx_new_tokens=2, mlx_processes=1, server_tokens="512", server_store_pages=2000,
               serving_servers="none,lifeboat", serving_concurrency="4", serving_conversations=8, serving_turns=2,
-              serving_restart_turn=1, serving_system_words=250, serving_user_words=60, serving_output_tokens=8)
+              serving_restart_turn=1, serving_system_words=250, serving_user_words=60, serving_output_tokens=8,
+              serving_device_tokens=4096)
 # quick server prompt: 512, not 256 tokens: SGLang prefetches from storage only when at least its
 # prefetch threshold (256 tokens) is there, and a 256-token prompt leaves 192 restorable
 
