@@ -167,8 +167,9 @@ def run(work: Path, sizes: Sizes) -> dict[str, Any]:
     pools = plan.pool_tokens["device"] + plan.pool_tokens["host"]
     return {
         "model": "SmolLM2-135M-Instruct, float32, HF layout", "cores": os.cpu_count(),
-        "flags": " ".join(plan.base[2:]), "trace": {**plan.shape.__dict__, "visits": plan.shape.visits,
-                                                    "before_restart": first, "after_restart": plan.shape.visits - first},
+        "flags": " ".join(plan.base[2:]),
+        "trace": {**plan.shape.__dict__, "visits": plan.shape.visits, "before_restart": first,
+                  "after_restart": plan.shape.visits - first},
         "pools_tokens": plan.pool_tokens, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
         "conversations_kv_tokens": kv_tokens, "kv_over_pools": kv_tokens / pools if pools else None,
         "prefetch_policy": sizes.serving_prefetch_policy, "write_policy": sizes.serving_write_policy,

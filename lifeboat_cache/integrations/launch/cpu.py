@@ -27,9 +27,10 @@ applies only in scheduler processes on a host where torch sees no CUDA device. 1
 that turns HiCache on, with any storage backend, so that SGLang's own `file` backend can be compared with
 LifeboatCache on the same CPU server (`lifeboat bench --only server`); 3 and 4 to every CPU launch, since
 a server without HiCache cannot start without 3, and without 4 its own device prefix cache would run
-other (slower) attention than the HiCache servers it is compared with (`lifeboat bench --only serving`). Upstream fixes would be a torch
-else-branch at `mha.py:60`, `pin_memory=torch.cuda.is_available()` in the assembler, the native rope at
-`base.py:138`, and attention over the new rows only at `torch_native_backend.py:128`.
+other (slower) attention than the HiCache servers it is compared with (`lifeboat bench --only serving`).
+Upstream fixes would be a torch else-branch at `mha.py:60`, `pin_memory=torch.cuda.is_available()` in
+the assembler, the native rope at `base.py:138`, and attention over the new rows only at
+`torch_native_backend.py:128`.
 """
 
 from __future__ import annotations
