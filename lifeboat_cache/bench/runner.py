@@ -31,7 +31,7 @@ def _section(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_all(out: Path, work: Path, sizes: Sizes, quick: bool, only: list[str]) -> dict[str, Any]:
-    from . import ceilings, compression, mlx, realkv, retention, s3, sealing, server, sglang_vs_file
+    from . import ceilings, compression, mlx, realkv, retention, s3, sealing, server, serving, sglang_vs_file
     from .adapters import call_run
 
     t0 = time.perf_counter()
@@ -59,6 +59,7 @@ def run_all(out: Path, work: Path, sizes: Sizes, quick: bool, only: list[str]) -
         "s3": lambda: s3.run(work, sizes, quick),
         "mlx": lambda: mlx.run(work, sizes),
         "server": lambda: server.run(work, sizes),
+        "serving": lambda: serving.run(work, sizes),
     }
     for name in SECTIONS:
         if name in only:

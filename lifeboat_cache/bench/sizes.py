@@ -1,14 +1,16 @@
 """Which sections there are and how big each runs: the full preset (fits ~15 minutes on a 2-core
-machine; the server section adds ~7 minutes), the quick preset (CI: the whole harness end to end; all
-sections but `server` in well under 2 minutes, `server` starts four SGLang CPU servers, 30-50 s each on a
-loaded 2-core VM), and `--size key=value` overrides."""
+machine; the server section adds ~7 minutes, the serving section far more: eight SGLang starts and
+bench_serving runs per concurrency, ~30 minutes for one concurrency at the sizes of docs/perf/serving.md
+on a loaded 2-core VM), the quick preset (CI: the whole harness end to end; all sections but `server` and
+`serving` in well under 2 minutes, `server` starts four SGLang CPU servers, 30-50 s each on a loaded
+2-core VM, `serving` four more plus two short bench_serving runs each), and `--size key=value` overrides."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
 SECTIONS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "retention", "s3", "mlx",
-            "server")  # in run order
+            "server", "serving")  # in run order
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,33 @@ class Sizes:
     server_store_pages: int = 100_000
     server_filler_kib: int = 4
     server_check_tokens: int = 8
+    # many returning users at once (bench/serving.py): SGLang's load generator on our seeded trace, four
+    # servers, a restart after serving_restart_turn turns; pools sized so the conversations' KV is several
+    # times device + host (SmolLM2 float32: 45 KiB a token)
+    serving_servers: str = "none,host,file,lifeboat"
+    serving_concurrency: str = "4,16"
+    serving_conversations: int = 24  # > concurrency, so a conversation returns after the others
+    serving_turns: int = 3
+    serving_restart_turn: int = 2    # turns before the restart
+    serving_system_words: int = 300
+    serving_user_words: int = 100
+    serving_reply_words: int = 40
+    serving_output_tokens: int = 16
+    serving_device_tokens: int = 3072   # --max-total-tokens
+    serving_host_ratio: str = "2"       # --hicache-ratio: host pool = ratio x device pool
+    serving_prefetch_policy: str = "wait_complete"  # or timeout (SGLang's default), best_effort
+    serving_write_policy: str = "write_through"     # or write_through_selective, write_back
+    serving_stop: str = "sigterm"                   # or sigkill: the restart in the middle
+    serving_seed: int = 1
+    serving_threads: int = 1                        # OMP_NUM_THREADS of every server (see serving.py)
 
 
 QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1, realkv_tokens=64,
               index_pages="1000,10000", s3_pages=8, s3_page_kib=64, s3_io_workers=4, s3_latency_ms="0",
-              mlx_tokens="128", mlx_new_tokens=2, mlx_processes=1, server_tokens="512", server_store_pages=2000)
+              mlx_tokens="128", mlx_new_tokens=2, mlx_processes=1, server_tokens="512", server_store_pages=2000,
+              serving_servers="none,lifeboat", serving_concurrency="4", serving_conversations=8, serving_turns=2,
+              serving_restart_turn=1, serving_system_words=250, serving_user_words=60, serving_output_tokens=8,
+              serving_device_tokens=4096)
 # quick server prompt: 512, not 256 tokens: SGLang prefetches from storage only when at least its
 # prefetch threshold (256 tokens) is there, and a 256-token prompt leaves 192 restorable
 

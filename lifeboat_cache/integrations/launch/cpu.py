@@ -23,11 +23,14 @@ a restored prefix barely saves time (4):
    keys up to prefix + i); a sequence without one runs SGLang's own code.
 
 Each fix is a `HookRegistry` hook (or, for the missing op, a module global that did not exist) and
-applies only in scheduler processes of a launch that turns HiCache on, on a host where torch sees no
-CUDA device: with any storage backend, so that SGLang's own `file` backend can be compared with
-LifeboatCache on the same CPU server (`lifeboat bench --only server`). Upstream fixes would be a torch
-else-branch at `mha.py:60`, `pin_memory=torch.cuda.is_available()` in the assembler, the native rope at
-`base.py:138`, and attention over the new rows only at `torch_native_backend.py:128`.
+applies only in scheduler processes on a host where torch sees no CUDA device. 1 and 2 apply to a launch
+that turns HiCache on, with any storage backend, so that SGLang's own `file` backend can be compared with
+LifeboatCache on the same CPU server (`lifeboat bench --only server`); 3 and 4 to every CPU launch, since
+a server without HiCache cannot start without 3, and without 4 its own device prefix cache would run
+other (slower) attention than the HiCache servers it is compared with (`lifeboat bench --only serving`).
+Upstream fixes would be a torch else-branch at `mha.py:60`, `pin_memory=torch.cuda.is_available()` in
+the assembler, the native rope at `base.py:138`, and attention over the new rows only at
+`torch_native_backend.py:128`.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ def applies(uses_hicache: Callable[[], bool]) -> bool:
 
 
 def register_cpu_hooks(uses_hicache: Callable[[], bool]) -> None:
-    """Install the four fixes in a scheduler process; each is inert unless `applies(uses_hicache)`."""
+    """Install the four fixes in a scheduler process; each is inert on a CUDA host, the host pool's also
+    unless `applies(uses_hicache)`."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     def unpinned(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -65,7 +69,7 @@ def register_cpu_hooks(uses_hicache: Callable[[], bool]) -> None:
         return original(*args, **kwargs)
 
     def rope(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if not applies(uses_hicache):
+        if _cuda_available():
             return original(*args, **kwargs)
         with _unused_vllm_rope():
             return original(*args, **kwargs)
@@ -74,7 +78,7 @@ def register_cpu_hooks(uses_hicache: Callable[[], bool]) -> None:
 
     def extend(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if "on" not in decided:
-            decided["on"], decided["signature"] = applies(uses_hicache), inspect.signature(original)
+            decided["on"], decided["signature"] = not _cuda_available(), inspect.signature(original)
         if decided["on"]:
             bound = decided["signature"].bind(*args, **kwargs)
             bound.apply_defaults()

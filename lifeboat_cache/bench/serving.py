@@ -1,0 +1,188 @@
+"""Many returning users at once: a real SGLang CPU server under SGLang's own load generator, restarted in
+the middle of the traffic, for four servers on the same traffic and the same flags otherwise:
+
+  none       no HiCache: SGLang's device prefix cache only
+  host       HiCache with host memory only (no storage backend)
+  file       HiCache + SGLang's `file` backend
+  lifeboat   HiCache + LifeboatCache (one local tier)
+
+The traffic is our seeded multi-turn trace (`serving_trace`): conversations that grow turn by turn and come
+back after all the others, replayed by `python -m sglang.bench_serving` at each concurrency. The device
+pool (`--max-total-tokens`) and the host pool (`--hicache-ratio` x the device pool) are sized small, so
+the conversations' KV is several times what device + host hold and a returning prompt's prefix is, if
+anywhere, in storage. After `serving_restart_turn` turns the server is stopped (SIGTERM, or SIGKILL with
+`serving_stop=sigkill`) and a new one starts on the same store for the remaining turns: every returning
+conversation of the second half comes back to a process that has never seen it.
+
+Per server (`serving_load.summary`): request throughput and output tokens/s over the run, TTFT p50 /
+p90 / p99 (all requests of both halves; and p50 per half: the cold-start cliff), prompt tokens per
+cache source (SGLang's per-request `cached_tokens_details`), and the growth of SGLang's storage counters
+(`/metrics`). Correctness: the answers (greedy, fixed seed) of `lifeboat` against `none`, request by
+request. One server at a time (see `server.py` for SGLang's 10 GiB host-memory reserve).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import log
+from .server import start
+from .serving_load import command, differing, run_half, summary, ttft_p50_ms
+from .serving_trace import TraceShape, halves, write
+from .sizes import Sizes, ints, names
+
+SERVERS = ("none", "host", "file", "lifeboat")
+PREFETCH_POLICIES = ("timeout", "best_effort", "wait_complete")
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+STOPS = ("sigterm", "sigkill")
+KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M: K and V, 30 layers, 3 KV heads of 64, float32
+
+
+def check(sizes: Sizes) -> None:
+    """Raise ValueError naming the --size key when a serving option is unusable."""
+    for key, value, allowed in (("serving_prefetch_policy", sizes.serving_prefetch_policy, PREFETCH_POLICIES),
+                                ("serving_write_policy", sizes.serving_write_policy, WRITE_POLICIES),
+                                ("serving_stop", sizes.serving_stop, STOPS)):
+        if value not in allowed:
+            raise ValueError(f"--size {key}={value}: choose one of {', '.join(allowed)}")
+    bad = [s for s in names(sizes.serving_servers) if s not in SERVERS]
+    if bad or not names(sizes.serving_servers):
+        raise ValueError(f"--size serving_servers={sizes.serving_servers}: a comma-separated list of "
+                         f"{', '.join(SERVERS)}")
+    if float(sizes.serving_host_ratio) <= 1.0:
+        raise ValueError(f"--size serving_host_ratio={sizes.serving_host_ratio}: SGLang needs a host pool larger "
+                         "than the device pool (a ratio > 1)")
+
+
+class ServingPlan:
+    """What every server of a serving run shares: model, trace, halves, flags per server."""
+
+    def __init__(self, work: Path, sizes: Sizes) -> None:
+        from ..demo import ensure_model
+        from ..testing import FILE_BACKEND_DIR_ENV, cpu_flags, hicache_flags
+
+        check(sizes)
+        self.sizes = sizes
+        self.model = ensure_model(dtype="float32", layout="hf")
+        self.shape = TraceShape(conversations=sizes.serving_conversations, turns=sizes.serving_turns,
+                                system_words=sizes.serving_system_words, user_words=sizes.serving_user_words,
+                                reply_words=sizes.serving_reply_words, seed=sizes.serving_seed)
+        self.halves = halves(self.shape, sizes.serving_restart_turn)
+        self.trace = write(work / "serving-trace.json", self.shape)
+        self.servers = names(sizes.serving_servers)
+        self.dirs = {"lifeboat": work / "serving-lifeboat", "file": work / "serving-file"}
+        self.logs = work / "serving-logs"
+        ratio = float(sizes.serving_host_ratio)
+        self.base = cpu_flags(self.model, max_total_tokens=sizes.serving_device_tokens)
+        hicache = ["--hicache-mem-layout", "layer_first", "--hicache-io-backend", "direct",
+                   "--hicache-write-policy", sizes.serving_write_policy]
+        policy = ["--hicache-storage-prefetch-policy", sizes.serving_prefetch_policy]
+        store = {"storage": [{"type": "local", "path": str(self.dirs["lifeboat"])}]}
+        self.flags = {
+            "none": self.base,
+            "host": self.base + hicache_flags("none", host_ratio=ratio) + hicache,
+            "file": self.base + hicache_flags("file", host_ratio=ratio) + hicache + policy,
+            "lifeboat": self.base + hicache_flags("lifeboat", store, host_ratio=ratio) + hicache + policy,
+        }
+        # one intra-op thread per server: on a shared 2-core VM two OpenMP threads wait on each other whenever
+        # either is descheduled (seen at load 8: 4 s per decode step of 4 requests, 0.6 output tok/s)
+        threads = {"OMP_NUM_THREADS": str(sizes.serving_threads)}
+        self.env = {"none": threads, "host": threads, "file": {**threads, FILE_BACKEND_DIR_ENV: str(self.dirs["file"])},
+                    "lifeboat": {**threads, "LIFEBOAT_STATS_INTERVAL_S": "1"}}
+        self.pool_tokens = {"device": sizes.serving_device_tokens,
+                            "host": int(ratio * sizes.serving_device_tokens)}
+
+    def server(self, name: str, tag: str) -> Any:
+        from ..testing import SGLangServer
+
+        return SGLangServer(self.flags[name], log_path=self.logs / f"{tag}.log", env=self.env[name])
+
+
+def one_server(plan: ServingPlan, name: str, concurrency: int, work: Path) -> dict[str, Any]:
+    """Both halves of the trace on `name`: a server, the first half, a stop, a new server on the same store,
+    the second half. A failure kills whatever runs (no drain wait)."""
+    out: dict[str, Any] = {"server": name, "halves": []}
+    for half, (offset, count) in enumerate(plan.halves):
+        tag = f"{name}-c{concurrency}-half{half + 1}"
+        srv = plan.server(name, tag)
+        try:
+            start(srv)
+            cmd = command(srv, plan.model, plan.trace, offset=offset, count=count, concurrency=concurrency,
+                          output_tokens=plan.sizes.serving_output_tokens, out_file=work / f"{tag}.jsonl",
+                          seed=plan.sizes.serving_seed)
+            load0 = os.getloadavg()[0]
+            res = run_half(srv, cmd, work / f"{tag}.jsonl", plan.logs / f"{tag}.bench.log")
+            res.update({"start_s": srv.ready_s, "log": str(srv.log_path), "load_avg_1m": [load0, os.getloadavg()[0]],
+                        "effective_prefetch_policy":
+                        _effective_policy(srv.log_path) if name == "lifeboat" else None})
+            t = time.monotonic()
+            if half == 0 and plan.sizes.serving_stop == "sigterm":
+                res["stop_rc"] = srv.stop()  # in the middle of the traffic's life: backups may still run
+            else:
+                srv.kill()
+                res["stop_rc"] = "killed"
+            res["stop_s"] = time.monotonic() - t
+            out["halves"].append(res)
+        finally:
+            srv.kill()
+    out["summary"] = summary(out["halves"])
+    out["ttft_p50_ms_by_half"] = [ttft_p50_ms(h) for h in out["halves"]]
+    return out
+
+
+def _effective_policy(log_path: Path) -> str | None:
+    """The prefetch policy the LifeboatCache plugin declared (it replaces `timeout` on a CPU launch)."""
+    try:
+        for line in log_path.read_text(errors="replace").splitlines():
+            if "LifeboatCache: storage prefetch policy" in line:
+                return line.split("storage prefetch policy", 1)[1].strip(" :=").split()[0]
+    except OSError:
+        pass
+    return None
+
+
+def run(work: Path, sizes: Sizes) -> dict[str, Any]:
+    plan = ServingPlan(work, sizes)
+    by_conc: dict[str, Any] = {}
+    for conc in ints(sizes.serving_concurrency):
+        runs: dict[str, Any] = {}
+        for name in plan.servers:
+            for d in plan.dirs.values():
+                shutil.rmtree(d, ignore_errors=True)
+            runs[name] = one_server(plan, name, conc, work)
+            log.info("serving c=%d %s: %s", conc, name, json.dumps(runs[name]["summary"]))
+        cmp = {}
+        if "none" in runs:
+            for name in ("lifeboat", "file", "host"):
+                if name in runs:
+                    cmp[name] = [differing(a, b) for a, b in zip(runs[name]["halves"], runs["none"]["halves"])]
+        by_conc[str(conc)] = {"servers": runs, "answers_vs_none": cmp}
+    first = plan.halves[0][1]
+    kv_tokens = _conversation_tokens(by_conc, plan.shape.conversations)
+    pools = plan.pool_tokens["device"] + plan.pool_tokens["host"]
+    return {
+        "model": "SmolLM2-135M-Instruct, float32, HF layout", "cores": os.cpu_count(),
+        "flags": " ".join(plan.base[2:]),
+        "trace": {**plan.shape.__dict__, "visits": plan.shape.visits, "before_restart": first,
+                  "after_restart": plan.shape.visits - first},
+        "pools_tokens": plan.pool_tokens, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
+        "conversations_kv_tokens": kv_tokens, "kv_over_pools": kv_tokens / pools if pools else None,
+        "prefetch_policy": sizes.serving_prefetch_policy, "write_policy": sizes.serving_write_policy,
+        "stop": sizes.serving_stop, "output_tokens": sizes.serving_output_tokens, "threads": sizes.serving_threads,
+        "load_avg_end": os.getloadavg(), "concurrency": by_conc,
+    }
+
+
+def _conversation_tokens(by_conc: dict[str, Any], conversations: int) -> int:
+    """The conversations' KV in tokens: the prompts of their last visits (the last `conversations` requests
+    of a second half, which hold every earlier turn), as the server counted them."""
+    for run in by_conc.values():
+        for srv in run["servers"].values():
+            lens = srv["halves"][-1]["result"]["input_lens"]
+            return int(sum(lens[-conversations:]))
+    return 0

@@ -1,0 +1,73 @@
+"""The serving bench's own arithmetic (the servers and the load generator are tests/e2e/test_serving_bench.py):
+its options name the --size key, counters come from the Prometheus text by label, halves add up, and
+answers compare request by request."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from lifeboat_cache.bench.serving import check
+from lifeboat_cache.bench.serving_load import counters, differing, grown, summary
+from lifeboat_cache.bench.sizes import QUICK
+
+METRICS = """\
+# HELP sglang:cached_tokens_total tokens
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{cache_source="device",model_name="m"} 64.0
+sglang:cached_tokens_total{cache_source="storage",model_name="m"} 1280.0
+sglang:storage_prefetch_unfulfilled_tokens_total{reason="deadline",storage_backend="dynamic"} 128.0
+sglang:storage_prefetch_unfulfilled_tokens_total{reason="host_capacity",storage_backend="dynamic"} 0.0
+sglang:storage_prefetch_hit_tokens_total{storage_backend="dynamic"} 1280.0
+sglang:num_running_reqs{model_name="m"} 3.0
+lifeboat_pages_written_total{tier="local"} 20.0
+lifeboat_pages_written_total{tier="nfs"} 2.0
+"""
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("serving_prefetch_policy", "soon", "timeout, best_effort, wait_complete"),
+    ("serving_write_policy", "write_sometimes", "write_through, write_through_selective, write_back"),
+    ("serving_stop", "sighup", "sigterm, sigkill"),
+    ("serving_servers", "none,redis", "none, host, file, lifeboat"),
+    ("serving_host_ratio", "1", "ratio > 1"),
+])
+def test_bad_option_names_the_size_key_and_the_choices(key: str, value: str, says: str) -> None:
+    with pytest.raises(ValueError, match=f"--size {key}={value}") as e:
+        check(replace(QUICK, **{key: value}))
+    assert says in str(e.value)
+    check(QUICK)  # the presets themselves pass
+
+
+def test_counters_are_summed_over_other_labels_and_grow_per_half() -> None:
+    c = counters(METRICS)
+    assert c["sglang:cached_tokens_total{storage}"] == 1280 and c["sglang:cached_tokens_total{device}"] == 64
+    assert c["sglang:storage_prefetch_unfulfilled_tokens_total{deadline}"] == 128
+    assert c["lifeboat_pages_written_total"] == 22  # both tiers
+    assert "sglang:num_running_reqs" not in c  # a gauge, not reported
+    later = counters(METRICS.replace("} 1280.0", "} 1536.0"))
+    assert grown(c, later)["sglang:storage_prefetch_hit_tokens_total"] == 256
+    assert grown({}, c)["lifeboat_pages_written_total"] == 22
+
+
+def _half(ttfts: list[float], texts: list[str], storage: list[int], duration: float) -> dict:
+    return {"result": {"duration": duration, "completed": len(ttfts), "ttfts": ttfts, "errors": [""] * len(ttfts),
+                       "input_lens": [100] * len(ttfts), "total_output_tokens": 8 * len(ttfts),
+                       "generated_texts": texts, "median_ttft_ms": 0.0,
+                       "cached_tokens_details": [{"device": 0, "host": 0, "storage": s} for s in storage]}}
+
+
+def test_summary_spans_both_halves() -> None:
+    s = summary([_half([0.1, 0.3], ["a", "b"], [0, 0], 2.0), _half([0.2, 0.4], ["c", "d"], [64, 0], 2.0)])
+    assert (s["requests"], s["completed"], s["failed"], s["duration_s"]) == (4, 4, 0, 4.0)
+    assert s["request_throughput"] == 1.0 and s["output_throughput"] == 8.0
+    assert s["ttft_ms"]["p50"] == pytest.approx(250.0) and s["cached_tokens"]["storage"] == 64
+
+
+def test_answers_compare_request_by_request_and_count_the_restored_ones() -> None:
+    a = _half([0.1] * 3, ["x", "y", "z"], [64, 0, 128], 1.0)
+    b = _half([0.1] * 3, ["x", "Y", "Z"], [0, 0, 0], 1.0)
+    assert differing(a, b) == {"compared": 3, "differing": 2, "restored": 2, "restored_differing": 1}
+    with pytest.raises(RuntimeError, match="not run the same trace"):
+        differing(a, _half([0.1], ["x"], [0], 1.0))
