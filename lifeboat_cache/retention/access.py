@@ -1,17 +1,19 @@
 """What retention knows: reads per record since it was written or last kept, and each unit's queue place.
 
-Counts are capped (HIT_CAP) and go down by one each time their unit passes the head of the queue and
-is kept (the clock hand of CLOCK, per record): a record read often outlives one read once, and one
-never read again goes after HIT_CAP passes. Everything here is a hint: a lost or stale count costs a
+Counts are capped (HIT_CAP; 1 makes a record simply read or not) and go down by one each time their
+unit passes the head of the queue and is kept (the clock hand of CLOCK, per record): a record never
+read again goes after HIT_CAP passes. A unit kept whole goes halfway between its last read and the
+tail, so the queue leans towards LRU's order (docs/storage.md, "Retention", says why). Everything here is a hint: a lost or stale count costs a
 miss or a rewrite, never a wrong page (what is served is always verified).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterable
 
-HIT_CAP = 2
+HIT_CAP = 1
 
 
 class AccessTable:
@@ -24,6 +26,7 @@ class AccessTable:
         self._lock = threading.Lock()
         self._hits: dict[str, dict[int, int]] = {}
         self._order: dict[str, int] = {}
+        self._last: dict[str, int] = {}  # unit -> when (ms) one of its records was last read
         self.version = 0  # bumped on every change: a publisher saves only when it moved
 
     def hit(self, unit: str, offset: int) -> None:
@@ -31,6 +34,7 @@ class AccessTable:
         with self._lock:
             counts = self._hits.setdefault(unit, {})
             c = counts.get(offset, 0)
+            self._last[unit] = int(time.time() * 1000)
             if c < HIT_CAP:
                 counts[offset] = c + 1
                 self.version += 1
@@ -46,8 +50,13 @@ class AccessTable:
             return self._order.get(unit, default)
 
     def keep(self, unit: str, position: int) -> None:
-        """The unit was kept whole: it goes to `position` and each of its counts down by one."""
+        """The unit was kept whole: it goes halfway between its last read and `position` (the tail), so
+        a unit read long ago comes back to the head sooner than one read just now, and each of its
+        counts goes down by one."""
         with self._lock:
+            last = self._last.get(unit)
+            if last is not None and last < position:
+                position = (last + position) // 2
             counts = self._hits.get(unit, {})
             self._hits[unit] = {o: c - 1 for o, c in counts.items() if c > 1}
             self._order[unit] = position
@@ -76,6 +85,7 @@ class AccessTable:
             for u in units:
                 self._hits.pop(u, None)
                 self._order.pop(u, None)
+                self._last.pop(u, None)
             self.version += 1
 
     def merge(self, hits: dict[str, dict[int, int]], order: dict[str, int]) -> None:
