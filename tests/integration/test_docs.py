@@ -17,7 +17,7 @@ What is done with each block, by its info string:
     launches real CPU servers);
   - ``pip install ...``: ``-r`` / ``-c`` files must exist in the repository and parse as pinned
     requirements, ``-e .`` needs pyproject.toml, every requirement must parse (PEP 508) and every
-    ``lifeboat-cache[extra]`` must be an extra of pyproject.toml; nothing is installed;
+    ``lifeboat-cache[extra]`` (and ``-e ".[extra]"``) must be an extra of pyproject.toml; nothing is installed;
   - ``scripts/*.sh``: must exist, be executable, and pass ``bash -n``; not run (they build a venv);
   - ``python scripts/*.py``: must exist and compile;
   - ``python3.11 -m venv``, ``source``, ``rm``: ``bash -n`` only;
@@ -176,7 +176,10 @@ def _pip(args: list[str], where: str) -> None:
                     assert "==" in ln, f"{f}: {ln!r} is not pinned"
                     Requirement(ln)
         elif a == "-e":
-            assert next(it) in (".", '".[mlx]"', ".[mlx]") and (ROOT / "pyproject.toml").is_file()
+            target = next(it).strip('"')
+            m = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", target)
+            assert m and (ROOT / "pyproject.toml").is_file(), f"{where}: -e {target}: only this checkout"
+            assert set((m.group(1) or "").split(",")) - {""} <= extras, f"{where}: unknown extra in {target}"
         elif a.startswith("-"):
             assert a in ("--no-deps", "-q", "-U"), f"{where}: undocumented pip option {a}"
         else:
