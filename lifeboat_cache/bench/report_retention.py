@@ -35,19 +35,26 @@ def retention_table(sec: Any) -> list[str]:
     return out + [""]
 
 
-def plot_retention(ax: Any, sec: dict[str, Any]) -> None:
-    colors = {"hot_set": "tab:green", "zipf": "tab:blue", "multi_turn": "tab:orange"}
-    styles = (("lifeboat", "LifeboatCache", "-", "o"), ("file", "SGLang file (LRU)", "--", "s"),
-              ("belady", "Belady (offline limit)", ":", None))
-    for trace, color in colors.items():
+def plot_retention(fig: Any, sec: dict[str, Any]) -> None:
+    """One panel per trace (same policies, same colours in each), so every legend holds four lines."""
+    styles = (("lifeboat", "LifeboatCache", "-", "o", "tab:blue"),
+              ("file", "SGLang file (LRU)", "--", "s", "tab:orange"),
+              ("lru", "exact LRU (offline)", "-.", None, "tab:grey"),
+              ("belady", "Belady (offline limit)", ":", None, "tab:green"))
+    traces = [t for t in (*TRACE_LABEL, *sorted({c["trace"] for c in sec["cases"]} - set(TRACE_LABEL)))
+              if any(c["trace"] == t for c in sec["cases"])]
+    axes = fig.subplots(1, len(traces), sharey=True, squeeze=False)[0]
+    for ax, trace in zip(axes, traces):
         rows = [c for c in sec["cases"] if c["trace"] == trace]
-        if not rows:
-            continue
         xs = [c["fraction"] * 100 for c in rows]
-        for key, name, ls, marker in styles:
+        for key, name, ls, marker, color in styles:
+            if any(key not in c for c in rows):  # a results.json from before the column
+                continue
             ys = [c[key]["hit_rate"] if isinstance(c[key], dict) else c[key] for c in rows]
-            ax.plot(xs, ys, linestyle=ls, marker=marker, color=color, label=f"{TRACE_LABEL[trace]}: {name}")
-    ax.set_xlabel("capacity, % of the trace's working set")
-    ax.set_ylabel("returning pages served from storage (hit rate)")
-    ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=6, loc="lower right")
+            ax.plot(xs, ys, linestyle=ls, marker=marker, color=color, label=name)
+        ax.set_title(TRACE_LABEL.get(trace, trace))
+        ax.set_xlabel("capacity, % of the working set")
+        ax.set_ylabel("hit rate (returning pages served)")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
