@@ -75,6 +75,14 @@ def multi_turn(conversations: int, turns: int, pages_per_turn: int, active: int 
     return out
 
 
+def _served(req: Request, cache: object) -> int:
+    """Pages of a request served from `cache`: the stored prefix, up to the first missing page."""
+    run = 0
+    while run < len(req) and req[run] in cache:  # type: ignore[operator]
+        run += 1
+    return run
+
+
 def working_set(trace: list[Request]) -> int:
     return len({p for r in trace for p in r})
 
@@ -84,10 +92,7 @@ def lru(trace: list[Request], capacity: int) -> Outcome:
     cache: OrderedDict[int, None] = OrderedDict()
     hits = written = 0
     for req in trace:
-        run = 0
-        while run < len(req) and req[run] in cache:
-            run += 1
-        hits += run
+        hits += _served(req, cache)
         for p in req:
             if p in cache:
                 cache.move_to_end(p)
@@ -113,10 +118,7 @@ def belady(trace: list[Request], capacity: int) -> Outcome:
     hits = written = 0
     i = 0
     for req in trace:
-        run = 0
-        while run < len(req) and req[run] in cache:
-            run += 1
-        hits += run
+        hits += _served(req, cache)
         for p in req:
             if p not in cache:
                 written += 1

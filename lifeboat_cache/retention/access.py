@@ -3,8 +3,9 @@
 Counts are capped (HIT_CAP; 1 makes a record simply read or not) and go down by one each time their
 unit passes the head of the queue and is kept (the clock hand of CLOCK, per record): a record never
 read again goes after HIT_CAP passes. A unit kept whole goes halfway between its last read and the
-tail, so the queue leans towards LRU's order (docs/storage.md, "Retention", says why). Everything here is a hint: a lost or stale count costs a
-miss or a rewrite, never a wrong page (what is served is always verified).
+tail, so the queue leans towards LRU's order (docs/storage.md, "Retention", says why). Everything here
+is a hint: a lost or stale count costs a miss or a rewrite, never a wrong page (what is served is always
+verified).
 """
 
 from __future__ import annotations

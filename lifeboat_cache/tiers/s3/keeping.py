@@ -18,11 +18,11 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from ...index import Index, Loc
+from ...index import Index
 from ...metrics import Counters
 from ...records import parse_trailer, process_token, trailer_size, writer_tag
 from ...retention import (
-    KEEP, REINSERT, RETENTION_COUNTERS, STATE_MAX_BYTES, AccessTable, RewriteBudget, choose, decode, encode)
+    KEEP, REINSERT, RETENTION_COUNTERS, STATE_MAX_BYTES, AccessTable, RewriteBudget, Row, decode, encode, judge)
 from .client import DELETE_BATCH_KEYS
 from .objects import ObjectTable, S3Object, parse_name
 
@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 STATE_DIR = "r/"
 PUBLISH_S = 30.0
 COUNTERS = ("evicted_objects", "evicted_bytes", *RETENTION_COUNTERS)
-Row = tuple[int, int, bytes, int]  # (index key, offset, digest, length)
 
 
 class KeptTier(Protocol):
@@ -141,17 +140,7 @@ class S3Keeping:
         table = parse_trailer(tail, obj.size)
         if table is None:
             return "evict", [], obj.records
-        keys = np.asarray(table["key"], np.int64)
-        offs, lens = table["offset"].tolist(), table["length"].tolist()
-        current = [loc == Loc(obj.id, o, n) for loc, o, n in zip(t.index.get_many(keys), offs, lens)]
-        key_bytes, tails = keys.astype("<i8").tobytes(), table["digest_tail"].tobytes()
-        rows = [(int(keys[i]), offs[i], key_bytes[8 * i:8 * i + 8] + tails[8 * i:8 * i + 8], lens[i])
-                for i in range(len(keys)) if current[i] and offs[i] in hits]
-        read_bytes = sum(r[3] for r in rows)
-        action = choose(obj.size, read_bytes, self.budget)
-        if action == KEEP and not keep_allowed:
-            action = REINSERT if self.budget.allows(read_bytes) else "evict"
-        return action, rows, sum(current) - len(rows)
+        return judge(table, obj.id, obj.size, t.index, hits, self.budget, keep_allowed=keep_allowed)
 
     def _reinsert(self, obj: S3Object, rows: list[Row]) -> None:
         """Copy the read records into a new object named with obj's creation time, counts less one."""

@@ -31,8 +31,8 @@ index thread, and never parses a record or touches a unit's fields itself.
     format.py         segment names and ages, the trailer read and written through an fd
 
 Invariants: write, then index; unit ids only grow; a scan never overwrites a newer index entry;
-eviction unlinks whole sealed segments, a reinserted record written and indexed first; no file with intact records after a damaged one is
-ever truncated; bytes on disk (open segments included) stay within the capacity plus a small slack.
+eviction unlinks whole sealed segments, a reinserted record written and indexed first; no file with
+intact records after a damaged one is ever truncated; bytes on disk (open segments included) stay within the capacity plus a small slack.
 """
 
 from __future__ import annotations

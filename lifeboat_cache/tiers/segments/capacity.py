@@ -17,17 +17,15 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ...index import Index, Loc
+from ...index import Index
 from ...metrics import Counters
-from ...retention import EVICT, KEEP, REINSERT, RETENTION_COUNTERS, AccessTable, RewriteBudget, choose
+from ...retention import EVICT, KEEP, REINSERT, RETENTION_COUNTERS, AccessTable, RewriteBudget, Row, judge
 from .eviction import EvictionPolicy
 from .format import read_table, unit_ms
 from .units import Unit, UnitTable
 
 if TYPE_CHECKING:
     from .writers import Writers
-
-Row = tuple[int, int, bytes, int]  # a read record of the victim: (index key, offset, digest, length)
 
 COUNTERS = ("evicted_segments", "evicted_bytes", *RETENTION_COUNTERS)
 
@@ -91,17 +89,7 @@ class Evictor:
         table = self._table(victim)
         if table is None:
             return EVICT, [], 0
-        keys = np.asarray(table["key"], np.int64)
-        offs, lens = table["offset"].tolist(), table["length"].tolist()
-        current = [loc == Loc(victim.id, o, n) for loc, o, n in zip(self.index.get_many(keys), offs, lens)]
-        key_bytes, tails = keys.astype("<i8").tobytes(), table["digest_tail"].tobytes()
-        rows = [(int(keys[i]), offs[i], key_bytes[8 * i:8 * i + 8] + tails[8 * i:8 * i + 8], lens[i])
-                for i in range(len(keys)) if current[i] and offs[i] in hits]
-        read_bytes = sum(r[3] for r in rows)
-        action = choose(victim.size, read_bytes, self.budget)
-        if action == KEEP and not keep_allowed:
-            action = REINSERT if self.budget.allows(read_bytes) else EVICT
-        return action, rows, sum(current) - len(rows)
+        return judge(table, victim.id, victim.size, self.index, hits, self.budget, keep_allowed=keep_allowed)
 
     def _table(self, unit: Unit) -> np.ndarray | None:
         """The victim's trailer table (None: no valid trailer, gone, or unreadable: evict it as it is)."""

@@ -74,7 +74,8 @@ class SegmentDir:
         self._changes: ChangeCounter | None = None
         self.counters = Counters()  # updated from the index thread, writers and the store's io threads
         self.counters.declare(
-            "change_catch_ups", "scan_records", "scan_torn", "scan_damaged_bytes", *EVICTION_COUNTERS, "sealed_segments", "seal_failures", "rebuild_ms",
+            "change_catch_ups", "scan_records", "scan_torn", "scan_damaged_bytes", *EVICTION_COUNTERS,
+            "sealed_segments", "seal_failures", "rebuild_ms",
             "foreign_files", "quarantine_bad_lines", "snapshot_discarded",
             "snapshot_dropped_entries", "snapshot_mismatched_units", "snapshot_pages", "snapshot_segments",
             "scanned_segments", "snapshot_saves", "snapshot_save_failures", "snapshot_save_ms")

@@ -1,0 +1,32 @@
+"""The policy applied to the unit at the head of the queue, for any tier that stores units with a trailer
+table (segment files, S3 objects): which of its records were read and are still current, and what to
+do with the unit."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..index import Index, Loc
+from .policy import EVICT, KEEP, REINSERT, RewriteBudget, choose
+
+Row = tuple[int, int, bytes, int]  # a read record of the unit: (index key, offset, digest, length)
+
+
+def judge(table: np.ndarray, unit_id: int, unit_bytes: int, index: Index, hits: dict[int, int],
+          budget: RewriteBudget, *, keep_allowed: bool) -> tuple[str, list[Row], int]:
+    """(action, read records the index still points at in this unit, how many current ones were not read).
+
+    `table` is the unit's trailer table (records/trailer.py); only current records count, so a record
+    purged, replaced or quarantined since is neither kept nor rewritten. `keep_allowed` False: the
+    evictor has kept many units this pass already, so KEEP becomes a rewrite or an eviction."""
+    keys = np.asarray(table["key"], np.int64)
+    offs, lens = table["offset"].tolist(), table["length"].tolist()
+    current = [loc == Loc(unit_id, o, n) for loc, o, n in zip(index.get_many(keys), offs, lens)]
+    key_bytes, tails = keys.astype("<i8").tobytes(), table["digest_tail"].tobytes()
+    rows = [(int(keys[i]), offs[i], key_bytes[8 * i:8 * i + 8] + tails[8 * i:8 * i + 8], lens[i])
+            for i in range(len(keys)) if current[i] and offs[i] in hits]
+    read_bytes = sum(r[3] for r in rows)
+    action = choose(unit_bytes, read_bytes, budget)
+    if action == KEEP and not keep_allowed:
+        action = REINSERT if budget.allows(read_bytes) else EVICT
+    return action, rows, sum(current) - len(rows)
