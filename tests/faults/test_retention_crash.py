@@ -53,8 +53,9 @@ def test_sigkill_during_eviction_and_reinsertion_keeps_the_hot_pages(tmp_path: P
         root = tmp_path / f"t{trial}"
         root.mkdir()
         store = root / "store"
-        # 64 pages of 16 KiB: 64 KiB segments, a few pages each, evicted every round
-        cfg = config(root, store, capacity=f"{64 * (PAGE_BYTES + 128)}B")
+        # 64 pages of 16 KiB: 64 KiB segments, a few pages each, evicted every round; engine.deadline_s
+        # past the trial, so a slow read on a loaded machine is not taken for a page retention lost
+        cfg = config(root, store, engine={"deadline_s": 600}, capacity=f"{64 * (PAGE_BYTES + 128)}B")
         acked, rows = _churn(cfg, rounds=40, kill_after_round=rng.randint(3, 12))
         FIGURES.trials += 1
         assert len(acked) == HOT

@@ -447,11 +447,10 @@ def test_compaction_on_a_full_disk_keeps_every_live_page(tmp_path: Path) -> None
         run_writer(tmp_path, cfg, 200, "keep:0", "gone:0")  # 3.2 MiB in 1 MiB segments
         assert main(["purge", "--config", str(cfg), "--model", "gone"]) == 0
         filler = mnt / "filler"
-        with open(filler, "wb") as f:  # fill the disk to the last block
-            try:
+        with open(filler, "wb", buffering=0) as f:  # fill the disk to the last block (unbuffered: a short
+            try:                                     # last write leaves nothing for close() to flush)
                 while True:
                     f.write(b"\0" * 65536)
-                    f.flush()
             except OSError:
                 pass
         rc, _, err = cli("gc", "--config", str(cfg))

@@ -235,11 +235,14 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
             log.warning("lifeboat: cannot record quarantine on %s: %s", self.name, e)
 
     def read_marks(self, prefix: str, limit_bytes: int) -> dict[str, bytes]:
-        """Objects `<prefix>m/<prefix>*`, each read with one ranged GET of at most limit_bytes."""
+        """Objects `<prefix>m/<prefix>*`, each read with one ranged GET of at most limit_bytes. On the data
+        path's client (timeouts sized to engine.deadline_s): the store's open waits on this, and must
+        not wait out the configured timeouts of a server that does not answer."""
         where = self.prefix + MARKS_DIR
-        listed = self.client.list(where + prefix)
-        return {prefix + n: self.client.get_range(where + prefix + n, 0, min(size, limit_bytes) - 1, True)
-                if size and limit_bytes else b"" for n, size in listed.items()}
+        resp = self.client.call("list_objects_v2", Bucket=self.bucket, Prefix=where + prefix, MaxKeys=1000)
+        listed = {o["Key"][len(where):]: int(o["Size"]) for o in resp.get("Contents", ())}
+        return {n: self.client.get_range(where + n, 0, min(size, limit_bytes) - 1) if size and limit_bytes else b""
+                for n, size in listed.items()}
 
     def write_mark(self, name: str, data: bytes) -> None:
         """One PutObject (atomic on S3)."""
@@ -316,8 +319,8 @@ class S3Tier(SingleIndexTier, Probing, Describing, ObjectPurging, Marking):
         return out
 
     def close(self) -> None:
-        if not self.read_only and self._rebuilt.is_set():
-            self.keeping.sync(force=True)
+        if not self.read_only and self._rebuilt.is_set() and self.lister.listed_ok:
+            self.keeping.sync(force=True)  # only while the server answers: a close never waits on a hung one
         self._closed.set()
         self._wake.set()
         if self._thread is not None and self._thread.is_alive():

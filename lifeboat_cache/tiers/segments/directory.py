@@ -229,6 +229,8 @@ class SegmentDir:
         locs: list[Loc] = []
         rolled = False
         err: OSError | None = None
+        if self.evict and self.writers.would_roll(records[0][3]):  # make room before a fresh segment fills
+            self.evictor.evict(self.capacity_bytes - self.writers.segment_bytes)
         while len(locs) < len(records) and err is None:
             try:
                 part, roll, err = self.writers.append_part(records, len(locs))

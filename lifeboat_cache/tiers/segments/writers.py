@@ -93,6 +93,12 @@ class Writers:
             return sum(own.get(u.id, u.size) for u in self.table.live())
 
     # ------------------------------------------------------------------ appends
+    def would_roll(self, length: int) -> bool:
+        """Whether this thread's next record of `length` bytes opens a new segment."""
+        with self._lock:
+            w = self._writers[self._my_stripe()]
+            return w is None or (w.reserved + length > self.segment_bytes and w.reserved > 0)
+
     def append_part(self, records: Sequence[Record], first: int, *, kept_ms: int | None = None
                     ) -> tuple[list[Loc], bool, OSError | None]:
         """Write and index the records from `first` on that fit in this thread's open segment (at
