@@ -2,7 +2,8 @@
 
   access.py      AccessTable: reads per record since written or kept (capped), queue positions of units
   policy.py      choose(): evict, keep whole or reinsert the unit at the queue's head; RewriteBudget
-  verdict.py     judge(): that decision for one unit from its trailer table (which read records are current)
+  verdict.py     judge(): that decision for one unit from its trailer table (which read records are current);
+                 keep_whole(), tail_position(): the bookkeeping of a kept unit, shared by every tier
   state_file.py  the AccessTable on disk (one file per process, merged by the others): encode / decode
 """
 
@@ -12,9 +13,10 @@ from .access import HIT_CAP, AccessTable
 from .policy import (
     COUNTERS as RETENTION_COUNTERS, EVICT, KEEP, KEEP_WHOLE_SHARE, REINSERT, REWRITE_SHARE, RewriteBudget, choose)
 from .state_file import MAX_BYTES as STATE_MAX_BYTES, decode, encode
-from .verdict import Row, judge
+from .verdict import Row, judge, keep_whole, tail_position
 
 __all__ = [
     "EVICT", "HIT_CAP", "KEEP", "KEEP_WHOLE_SHARE", "REINSERT", "RETENTION_COUNTERS", "REWRITE_SHARE",
-    "STATE_MAX_BYTES", "AccessTable", "RewriteBudget", "Row", "choose", "decode", "encode", "judge",
+    "STATE_MAX_BYTES", "AccessTable", "RewriteBudget", "Row", "choose", "decode", "encode", "judge", "keep_whole",
+    "tail_position",
 ]

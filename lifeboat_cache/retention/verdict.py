@@ -4,9 +4,13 @@ do with the unit."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..index import Index, Loc
+from ..metrics import Counters
+from .access import AccessTable
 from .policy import EVICT, KEEP, REINSERT, RewriteBudget, choose
 
 Row = tuple[int, int, bytes, int]  # a read record of the unit: (index key, offset, digest, length)
@@ -30,3 +34,15 @@ def judge(table: np.ndarray, unit_id: int, unit_bytes: int, index: Index, hits: 
     if action == KEEP and not keep_allowed:
         action = REINSERT if budget.allows(read_bytes) else EVICT
     return action, rows, sum(current) - len(rows)
+
+
+def tail_position() -> int:
+    """A queue position after every unit now in it (ms, as units' ages): where kept records go."""
+    return int(time.time() * 1000)
+
+
+def keep_whole(access: AccessTable, counters: Counters, unit: str, read_records: int) -> None:
+    """The unit at the head stays where it is on disk: it goes back in the queue, its reads used up."""
+    access.keep(unit, tail_position())
+    counters.add("retention_kept_segments")
+    counters.add("retention_kept_records", read_records)

@@ -22,7 +22,8 @@ from ...index import Index
 from ...metrics import Counters
 from ...records import parse_trailer, process_token, trailer_size, writer_tag
 from ...retention import (
-    KEEP, REINSERT, RETENTION_COUNTERS, STATE_MAX_BYTES, AccessTable, RewriteBudget, Row, decode, encode, judge)
+    KEEP, REINSERT, RETENTION_COUNTERS, STATE_MAX_BYTES, AccessTable, RewriteBudget, Row, decode, encode, judge,
+    keep_whole, tail_position)
 from .client import DELETE_BATCH_KEYS
 from .objects import ObjectTable, S3Object, parse_name
 
@@ -92,9 +93,7 @@ class S3Keeping:
             action, rows, unread = self._choose(head, keep_allowed=kept <= 4 * len(objs))
             if action == KEEP:
                 kept += 1
-                self.access.keep(head.name, int(time.time() * 1000))
-                t.counters.add("retention_kept_segments")
-                t.counters.add("retention_kept_records", len(rows))
+                keep_whole(self.access, t.counters, head.name, len(rows))
                 continue
             if action == REINSERT:
                 self._reinsert(head, rows)
@@ -160,7 +159,7 @@ class S3Keeping:
         new = t.objects.get(refs[0].loc.unit) if refs else None
         if new is None:
             return
-        self.access.place(new.name, int(time.time() * 1000))
+        self.access.place(new.name, tail_position())
         self.access.carry(new.name, {ref.loc.offset: hits.get(r[1], 1) - 1 for ref, r in zip(refs, rows)
                                      if hits.get(r[1], 1) > 1})
         n = sum(r[3] for r in records)

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from ...index import Index
 from ...metrics import Counters
-from ...retention import EVICT, KEEP, REINSERT, RETENTION_COUNTERS, AccessTable, RewriteBudget, Row, judge
+from ...retention import (
+    EVICT, KEEP, REINSERT, RETENTION_COUNTERS, AccessTable, RewriteBudget, Row, judge, keep_whole, tail_position)
 from .eviction import EvictionPolicy
 from .format import read_table, unit_ms
 from .units import Unit, UnitTable
@@ -65,9 +65,7 @@ class Evictor:
             action, rows, unread = self._choose(victim, keep_allowed=kept <= 4 * len(units))
             if action == KEEP:
                 kept += 1
-                self.access.keep(victim.name, self._tail())
-                self.counters.add("retention_kept_segments")
-                self.counters.add("retention_kept_records", len(rows))
+                keep_whole(self.access, self.counters, victim.name, len(rows))
                 continue
             if action == REINSERT:
                 self._reinsert(victim, rows)
@@ -77,10 +75,6 @@ class Evictor:
                 return freed
             self.counters.add("evicted_unread_records", unread)
             freed += victim.size
-
-    def _tail(self) -> int:
-        """A position after every unit now in the queue (a kept unit's or a keeper segment's)."""
-        return int(time.time() * 1000)
 
     def _choose(self, victim: Unit, *, keep_allowed: bool) -> tuple[str, list[Row], int]:
         """The policy's action for the victim, its read records still current in the index (rows), and
@@ -126,7 +120,7 @@ class Evictor:
                 locs, err = [], e
             unit = self.table.get(locs[0].unit) if locs else None
             if unit is not None:  # one keeper segment per append_part call; it goes to the tail now
-                self.access.place(unit.name, self._tail())
+                self.access.place(unit.name, tail_position())
                 self.access.carry(unit.name, {loc.offset: c for loc, c in zip(locs, counts[done:]) if c > 0})
             done += len(locs)
             n = sum(loc.length for loc in locs)
