@@ -42,7 +42,7 @@ from .writers import Writers
 log = logging.getLogger(__name__)
 
 AUTO_CAPACITY_MAX_BYTES = 64 << 30
-OPEN_SHARE = 64  # open segments together may hold at most 1/OPEN_SHARE of the capacity (all of it counts)
+OPEN_SHARE = 16  # open segments together may hold at most 1/OPEN_SHARE of the capacity (all of it counts)
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
 
 
