@@ -121,7 +121,7 @@ class Controller:
 
 def extra_for(side: str, path: Path, sizes: Sizes) -> dict:
     if side == "lifeboat":
-        extra: dict[str, Any] = {**BACKEND, "storage": [{"type": "local", "path": str(path)}]}
+        extra: dict[str, Any] = {**BACKEND, "storage": [{"type": sizes.lifeboat_tier, "path": str(path)}]}
         if sizes.compression != "default":
             extra["compression"] = sizes.compression
         return extra
@@ -261,4 +261,4 @@ def run(work: Path, sizes: Sizes, realkv: np.ndarray | None) -> dict[str, Any]:
                 log.info("sglang vs file: %s %s %s", shape, layout, kind)
                 cases.append(run_case(work / "sglang", shape, layout, kind, sizes, realkv))
     return {"torch_threads": threads, "page_tokens": PAGE_TOKENS, "write_pause_ms": sizes.write_pause_ms,
-            "lifeboat_compression": sizes.compression, "real_kv": realkv is not None, "cases": cases}
+            "lifeboat_compression": sizes.compression, "lifeboat_tier": sizes.lifeboat_tier, "real_kv": realkv is not None, "cases": cases}

@@ -22,6 +22,8 @@ class Sizes:
     write_pause_ms: int = 3000       # idle time before a timed write (a server's backups come in bursts)
     torch_threads: int = 1           # torch intra-op threads, pinned for both contenders
     compression: str = "default"     # LifeboatCache `compression:` for the SGLang section (default: its own)
+    lifeboat_tier: str = "local"     # LifeboatCache's tier type in the SGLang section: local, or nfs (compressed
+    #                                  by default; on a local directory here, so it measures the codec, not a link)
     realkv_tokens: int = 1024        # SmolLM2 tokens of real text behind the real-KV pages
     index_pages: str = "10000,100000,1000000,10000000"
     s3_pages: int = 64
@@ -71,6 +73,9 @@ QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1
 # prefetch threshold (256 tokens) is there, and a 256-token prompt leaves 192 restorable
 
 
+CHOICES = {"lifeboat_tier": ("local", "nfs")}  # sizes that name one of a few things
+
+
 def make(quick: bool, overrides: list[str]) -> Sizes:
     """The preset with `key=value` overrides; a bad key or value names the field."""
     base = QUICK if quick else Sizes()
@@ -88,6 +93,8 @@ def make(quick: bool, overrides: list[str]) -> Sizes:
                 raise ValueError(f"--size {key}: {value!r} is not an integer") from None
             if kw[key] <= 0:
                 raise ValueError(f"--size {key}: must be > 0")
+        elif key in CHOICES and value.strip() not in CHOICES[key]:
+            raise ValueError(f"--size {key}: {value!r} is not one of {', '.join(CHOICES[key])}")
         else:
             kw[key] = value.strip()
     return replace(base, **kw)

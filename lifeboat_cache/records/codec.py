@@ -31,7 +31,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import xxhash
@@ -203,29 +203,34 @@ def payload_crc(parts: Sequence[object], version: int = FORMAT_VERSION) -> int:
 
 
 def build_record(page: np.ndarray | Sequence[np.ndarray], *, itemsize: int, dtype: int, digest: bytes,
-                 namespace: bytes, compress: bool) -> tuple[bytes, list[object], int]:
+                 namespace: bytes, compress: bool,
+                 alloc: Callable[[int], np.ndarray] | None = None) -> tuple[bytes, list[object], int]:
     """Encode one page -> (header bytes, payload parts, record length).
 
     `page` is one flat uint8 buffer, or the flat uint8 pieces that make the page in order
     (scatter-gather). A raw record keeps the pieces as payload parts (no copy); the compressing
     codecs need one buffer, so compressed pieces are gathered first (one copy, on the io worker).
+    With `alloc` (the io task's arena) new payload bytes are taken from it (payloads.encode).
     Raises ValueError when a piece is not a flat C-contiguous uint8 array or itemsize does not
     divide it, struct.error when a field does not fit the header (a page over 4 GiB).
     """
-    codec, parts, raw_len, stored = encode_page(page, itemsize, compress)
+    codec, parts, raw_len, stored = encode_page(page, itemsize, compress, alloc)
     h = Header(codec, dtype, raw_len, stored, digest, namespace, payload_crc(parts))
     return pack_header(h), parts, HEADER_SIZE + stored
 
 
-def encode_page(page: np.ndarray | Sequence[np.ndarray], itemsize: int,
-                compress: bool) -> tuple[int, list[object], int, int]:
+def encode_page(page: np.ndarray | Sequence[np.ndarray], itemsize: int, compress: bool,
+                alloc: Callable[[int], np.ndarray] | None = None) -> tuple[int, list[object], int, int]:
     """build_record's encoding step without the header: (codec, payload parts, raw length, stored
     length). sealing.py seals these parts (no checksum of the plaintext is needed there)."""
     pieces = [page] if isinstance(page, np.ndarray) else list(page)
     if len(pieces) > 1 and compress:
-        pieces = [np.concatenate(pieces)]
+        whole = np.empty(sum(p.nbytes for p in pieces), np.uint8) if alloc is None else alloc(
+            sum(p.nbytes for p in pieces))
+        np.concatenate(pieces, out=whole)
+        pieces = [whole]
     raw_len = sum(p.nbytes for p in pieces)
-    codec, parts = encode(pieces[0], itemsize, compress) if len(pieces) == 1 else (RAW, pieces)
+    codec, parts = encode(pieces[0], itemsize, compress, alloc) if len(pieces) == 1 else (RAW, pieces)
     stored = raw_len if codec == RAW else sum(memoryview(p).nbytes for p in parts)  # type: ignore[arg-type]
     return codec, parts, raw_len, stored
 

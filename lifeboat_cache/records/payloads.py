@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import zstandard
@@ -136,42 +136,79 @@ def _hopeless(cctx: zstandard.ZstdCompressor, plane: np.ndarray) -> bool:
     return len(cctx.compress(plane[:PROBE_BYTES])) >= KEEP_RATIO * PROBE_BYTES
 
 
-def encode(page: np.ndarray, itemsize: int, compress: bool) -> tuple[int, list[object]]:
+def encode(page: np.ndarray, itemsize: int, compress: bool,
+           alloc: Callable[[int], np.ndarray] | None = None) -> tuple[int, list[object]]:
     """Encode a flat uint8 page -> (codec, payload parts). RAW returns the page itself (no copy).
 
-    The parts stay valid after the call (none of them is a per-thread buffer). Raises ValueError
-    when page is not a flat C-contiguous uint8 array; a zstd failure (out of memory) propagates as
-    zstandard.ZstdError.
+    The parts stay valid after the call (none of them is a per-thread buffer). With `alloc` (the io
+    task's arena) the parts that are new bytes are taken from it, so they live as long as that buffer
+    does; without it they are fresh buffers. Raises ValueError when page is not a flat C-contiguous
+    uint8 array; a zstd failure (out of memory) propagates as zstandard.ZstdError.
     """
     n = page.nbytes
     if not compress or n == 0:
         return RAW, [page]
+    new = alloc or _fresh
     if itemsize in (2, 4, 8) and n % itemsize == 0:
         m = n // itemsize
         # The high planes (sign/exponent bytes) go to a per-thread buffer: they are compressed and
         # dropped, so reusing it saves a fresh allocation's page faults on every page (~10% of encode).
         # The low plane (mantissa bytes) is usually stored as it is, so it gets its own buffer.
         high = _scratch(m * (itemsize - 1), "enc_scratch")
-        planes = [high[j * m: (j + 1) * m] for j in range(itemsize - 1)] + [np.empty(m, dtype=np.uint8)]
+        planes = [high[j * m: (j + 1) * m] for j in range(itemsize - 1)] + [new(m)]
         _split_into(page, itemsize, planes)
         cctx = compressor()
         parts: list[object] = []
         sizes = []
         for j, plane in enumerate(planes):
-            z = None if _hopeless(cctx, plane) else cctx.compress(plane)
-            if z is not None and len(z) < KEEP_RATIO * plane.nbytes:
+            z = None if _hopeless(cctx, plane) else _frame(cctx, plane, alloc)
+            if z is not None:
                 parts.append(z)
                 sizes.append(len(z))
             else:
-                parts.append(plane if j == itemsize - 1 else plane.copy())  # never hand out the buffer
+                parts.append(plane if j == itemsize - 1 else _copy(plane, new))  # never hand out the buffer
                 sizes.append(plane.nbytes)
         if sum(sizes) + 4 * itemsize < KEEP_RATIO * n:
             return PLANES, [struct.pack(f"<{itemsize}I", *sizes), *parts]
         return RAW, [page]
-    z = compressor().compress(page)
-    if len(z) < KEEP_RATIO * n:
-        return ZSTD, [z]
-    return RAW, [page]
+    z = _frame(compressor(), page, alloc)
+    return (ZSTD, [z]) if z is not None else (RAW, [page])
+
+
+def _fresh(n: int) -> np.ndarray:
+    return np.empty(n, dtype=np.uint8)
+
+
+def _copy(src: np.ndarray, new: Callable[[int], np.ndarray]) -> np.ndarray:
+    out = new(src.nbytes)
+    out[:] = src
+    return out
+
+
+def _frame(cctx: zstandard.ZstdCompressor, data: np.ndarray,
+           alloc: Callable[[int], np.ndarray] | None) -> bytes | np.ndarray | None:
+    """data's zstd frame when it keeps KEEP_RATIO or better, else None.
+
+    With `alloc` the frame is compressed into a per-thread buffer and copied into `alloc(len)`:
+    zstd's own result would be a fresh allocation per page, and on a VM that hands freed memory
+    back to its host every fresh page of it is a fault (issue 29: 25-40k minor faults and up to
+    2 kernel CPU-s per GB written on an nfs tier). The copy is of the compressed bytes only.
+    """
+    limit = int(KEEP_RATIO * data.nbytes)  # a frame this long or longer is not kept
+    if alloc is None:
+        z = cctx.compress(data)
+        return z if len(z) < limit else None
+    room = _scratch(limit, "frame_scratch")
+    view, n = memoryview(room), 0
+    reader = cctx.stream_reader(data, size=data.nbytes)
+    while n < limit:
+        got = reader.readinto(view[n:])
+        if not got:
+            break
+        n += got
+    if n >= limit:
+        return None
+    return _copy(room[:n], alloc)
 
 
 def _check_frame(frame: memoryview | bytes, n: int) -> None:

@@ -144,7 +144,7 @@ class Sealer:
         """
         if self.keyring is None:
             return codec.build_record(page, itemsize=itemsize, dtype=dtype, digest=digest, namespace=namespace,
-                                      compress=compress)
+                                      compress=compress, alloc=alloc)
         key = self.keyring.sealing
         if key is None:
             raise ValueError("this store was opened for inspection without a sealing key: it writes no page")

@@ -44,9 +44,13 @@ Encoded = tuple[int, bytes, bytes, list[object], int]
 Sink = Callable[[list[int], list[Encoded]], tuple[int, OSError | None]]
 
 
-def _owned(parts: Sequence[object]) -> list[object]:
-    """The record's parts as bytes the store owns (a raw payload part is a view of the caller's page)."""
-    return [p if isinstance(p, bytes) else bytes(p) for p in parts]  # type: ignore[call-overload]
+def _owned(parts: Sequence[object], pieces: Sequence[np.ndarray]) -> list[object]:
+    """The record's parts, with a copy of each part that views the caller's page (a raw payload);
+    parts the codec made (compressed frames, byte planes) are the store's already."""
+    def views_page(p: object) -> bool:
+        return isinstance(p, np.ndarray) and any(np.may_share_memory(p, q) for q in pieces)
+
+    return [bytes(p) if views_page(p) else p for p in parts]  # type: ignore[call-overload]
 
 
 class WritePath:
@@ -92,14 +96,13 @@ class WritePath:
     def encode(self, ns: bytes, digest: bytes, view: tuple[list[np.ndarray], int, int], own: bool,
                alloc: Callable[[int], np.ndarray] | None = None) -> tuple[bytes, list[object], int]:
         """One page's record (header, payload parts, length); owned parts never view the caller's page.
-        With `alloc` (the io task's arena) a sealed record is built in that buffer: it must then be
-        written before the task ends."""
+        With `alloc` (the io task's arena) the record's new bytes (sealed or compressed) are built in
+        that buffer: it must then be written before the task ends."""
         pieces, itemsize, dt = view
         header, parts, length = self.ctx.sealer.build(pieces if len(pieces) > 1 else pieces[0], itemsize=itemsize,
                                                   dtype=dt, digest=digest, namespace=ns, compress=self.ctx.compress,
-                                                  alloc=alloc if self.ctx.sealer.active else None)
-        # a sealed record's parts are a buffer of its own already (never a view of the page)
-        return header, _owned(parts) if own and not self.ctx.sealer.active else parts, length
+                                                  alloc=alloc)
+        return header, _owned(parts, pieces) if own else parts, length
 
     def _write(self, ns: bytes, ds: Sequence[bytes], ik: np.ndarray, views: list, todo: list[int],
                results: list[bool], affinity: int, redirect: bool) -> None:
@@ -128,8 +131,8 @@ class WritePath:
                               affinity, own=False, t_end=t_end)
         elif isinstance(tier, RecordRuns):
             groups = chunks(todo, WRITE_RUNS)
-            wrote = self._run(ns, groups, encoder(tier.shared, self.ctx.calls.arena.take), self._write_some(tier, affinity),
-                              affinity, own=tier.shared, t_end=t_end)
+            wrote = self._run(ns, groups, encoder(tier.shared, self.ctx.calls.arena.take),
+                              self._write_some(tier, affinity), affinity, own=tier.shared, t_end=t_end)
         else:
             groups = [[i] for i in todo]
             wrote = self._run(ns, groups, encoder(tier.shared), self._write_one(tier, affinity),

@@ -138,3 +138,47 @@ def test_a_forged_or_truncated_plane_frame_is_a_payload_error_and_the_page_is_un
             assert not out.any(), f"{name}: the page was written before the error"
         else:  # a flipped literal can still decode (the checksum, checked first, is what catches it)
             assert name == "flipped frame byte" and out.tobytes() != small.tobytes()
+
+
+class _Arena:
+    """An alloc that hands out slices of one buffer and records them (what the io task's arena does)."""
+
+    def __init__(self, size: int) -> None:
+        self.buf, self.pos, self.taken = np.zeros(size, np.uint8), 0, []
+
+    def __call__(self, n: int) -> np.ndarray:
+        out = self.buf[self.pos: self.pos + n]
+        self.pos += n
+        self.taken.append(n)
+        return out
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4])
+def test_records_built_into_an_arena_are_the_same_pages_and_own_no_other_memory(itemsize):
+    """With the io task's arena, a compressed record's new bytes (frames, the raw low plane, a gathered
+    page of pieces) live in the arena, and the record decodes to the page as one built without it."""
+    page = (_kv_like(itemsize, 1 << 16, seed=itemsize) if itemsize > 1
+            else np.random.default_rng(1).integers(0, 16, 1 << 16, dtype=np.uint8))  # 4 bits a byte: zstd
+    dtype = codec.DTYPE_CODES[{1: "u1", 2: "bf16", 4: "f4"}[itemsize]]
+    dg, ns = b"d" * 16, b"n" * 16
+    half = page.nbytes // 2
+    for src in (page, [page[:half].copy(), page[half:].copy()]):  # one buffer, and SGLang-style pieces
+        arena = _Arena(4 * page.nbytes)
+        header, parts, length = codec.build_record(src, itemsize=itemsize, dtype=dtype, digest=dg, namespace=ns,
+                                                   compress=True, alloc=arena)
+        h = codec.verify_record(header, _joined(parts), digest=dg, namespace=ns)
+        assert h.codec == (payloads.ZSTD if itemsize == 1 else payloads.PLANES)
+        for p in parts[1 if itemsize > 1 else 0:]:  # every payload part but the plane size table
+            assert isinstance(p, np.ndarray) and np.shares_memory(p, arena.buf), type(p)
+        out = np.zeros_like(page)
+        payloads.decode_into(h.codec, _joined(parts), out, itemsize)
+        assert out.tobytes() == page.tobytes()
+        plain = codec.build_record(page, itemsize=itemsize, dtype=dtype, digest=dg, namespace=ns, compress=True)
+        assert length == plain[2]  # the same frames: zstd's stream reader and its one-shot call agree
+
+
+def test_a_page_that_does_not_compress_is_stored_raw_with_or_without_an_arena():
+    page = np.random.default_rng(3).integers(0, 256, 1 << 16, dtype=np.uint8)
+    for alloc in (None, _Arena(4 * page.nbytes)):
+        c, parts = payloads.encode(page, 1, True, alloc)
+        assert c == payloads.RAW and parts[0] is page
