@@ -150,10 +150,13 @@ class Counters:
             rec[1] += stored_bytes
             rec[2] = time.time()
 
-    def name_namespace(self, ns: bytes, **labels: Any) -> None:
-        """What a namespace is (model, pool, rank ...): shims say it once, `lifeboat ls` shows it."""
+    def name_namespace(self, ns: bytes, *, keep_existing: bool = False, **labels: Any) -> None:
+        """What a namespace is (model, pool, rank ...): shims say it once, `lifeboat ls` shows it.
+        `keep_existing`: only when nothing named it yet (the store's default names from a Namespace)."""
         with self._lock:
-            self._ns_names[ns] = {k: str(v) for k, v in labels.items() if v is not None and v != ""}
+            if keep_existing and bytes(ns) in self._ns_names:
+                return
+            self._ns_names[bytes(ns)] = {k: str(v) for k, v in labels.items() if v is not None and v != ""}
 
     def namespaces(self) -> dict[str, dict[str, Any]]:
         """hex namespace -> {labels, pages_written, bytes_written, last_write}."""

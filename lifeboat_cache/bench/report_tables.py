@@ -82,7 +82,8 @@ def tables(res: dict[str, Any]) -> str:
     if section_ok(s):
         out += [f"Through SGLang 0.5.23's StorageBackendFactory + HybridCacheController over one MHA host pool, "
                 f"64-token bf16 pages, torch threads pinned to {s['torch_threads']}, LifeboatCache tier: "
-                f"{s.get('lifeboat_tier', 'local')}, compression: {s['lifeboat_compression']}; cold reads after the page cache was dropped and checked "
+                f"{s.get('lifeboat_tier', 'local')}, compression: {s['lifeboat_compression']}; "
+                "cold reads after the page cache was dropped and checked "
                 f"(max resident pages before a cold read: "
                 f"{max((max(x['resident_pages_before_cold_read']) for x in s['cases']), default=0)}).", "",
                 "Write headroom: the plain-file write into the page cache (ceilings) over `file`'s median "

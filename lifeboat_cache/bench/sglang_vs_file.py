@@ -261,4 +261,5 @@ def run(work: Path, sizes: Sizes, realkv: np.ndarray | None) -> dict[str, Any]:
                 log.info("sglang vs file: %s %s %s", shape, layout, kind)
                 cases.append(run_case(work / "sglang", shape, layout, kind, sizes, realkv))
     return {"torch_threads": threads, "page_tokens": PAGE_TOKENS, "write_pause_ms": sizes.write_pause_ms,
-            "lifeboat_compression": sizes.compression, "lifeboat_tier": sizes.lifeboat_tier, "real_kv": realkv is not None, "cases": cases}
+            "lifeboat_compression": sizes.compression, "lifeboat_tier": sizes.lifeboat_tier,
+            "real_kv": realkv is not None, "cases": cases}

@@ -154,13 +154,16 @@ def print_namespaces(namespaces: dict[str, dict[str, Any]], indent: str = "", pr
               f"{format_size(d.get(size, 0), 1):>11}  {_when(d.get('last_write'))}")
 
 
-def list_namespaces(present: dict[str, dict[str, Any]], written: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def list_namespaces(present: dict[str, dict[str, Any]], written: dict[str, dict[str, Any]],
+                    names: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
     """Every namespace with pages in the store now, labelled (model, pool, rank) and with its writes from
-    the stats files where a serving process wrote it; `?` for pages written through the Python API."""
+    the stats files where a serving process wrote it; labels from the store's namespace names for pages
+    written through the Python API (`?` when none was left)."""
     out = {}
     for ns, d in present.items():
         w = written.get(ns, {})
-        out[ns] = {"labels": w.get("labels", {}), "pages": d["pages"], "stored_bytes": d["stored_bytes"],
+        out[ns] = {"labels": w.get("labels") or (names or {}).get(ns, {}), "pages": d["pages"],
+                   "stored_bytes": d["stored_bytes"],
                    "tiers": d["tiers"], "pages_written": w.get("pages_written", 0),
                    "bytes_written": w.get("bytes_written", 0), "last_write": w.get("last_write")}
     return out
@@ -174,8 +177,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     store, _ = open_checked(args, read_only=True)
     with store:
         present = store.pages_by_namespace()
+        names = store.namespace_names()
     directory = stats_dir(store.settings)
-    namespaces = list_namespaces(present, merge_namespaces(read_stats_files(directory)))
+    namespaces = list_namespaces(present, merge_namespaces(read_stats_files(directory)), names)
     if args.json:
         print(json.dumps({"config": store.settings.source, "stats_dir": str(directory), "namespaces": namespaces},
                          indent=2))

@@ -66,6 +66,16 @@ def _present_namespaces(settings: Settings, args: argparse.Namespace) -> list[st
         return list(store.pages_by_namespace())
 
 
+def _store_names(settings: Settings, args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """The namespace names Python API writers left in the store, read only when --model is given."""
+    if not args.model:
+        return {}
+    from ..store import ChunkStore
+
+    with ChunkStore.open(settings, background=False, read_only=True, seal=False) as store:
+        return store.namespace_names()
+
+
 def cmd_purge(args: argparse.Namespace) -> int:
     """Remove a model's / namespace's / old pages from every index now; bytes at the next gc."""
     from ..ops import PurgeError, purge, resolve
@@ -84,7 +94,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
     _writable_store(settings, args.dry_run)
     try:
         req = resolve(settings, models=args.model, namespaces=args.namespace, older_than=args.older_than,
-                      present=_present_namespaces(settings, args))
+                      present=_present_namespaces(settings, args), names=_store_names(settings, args))
     except ConfigError as e:  # a selector given on the command line
         raise UsageError(str(e)) from None
     try:

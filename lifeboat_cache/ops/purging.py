@@ -59,15 +59,21 @@ def known_namespaces(settings: Settings) -> dict[str, dict[str, Any]]:
 
 
 def resolve(settings: Settings, *, models: list[str] | None = None, namespaces: list[str] | None = None,
-            older_than: str | None = None, present: list[str] | None = None) -> PurgeRequest:
+            older_than: str | None = None, present: list[str] | None = None,
+            names: dict[str, dict[str, str]] | None = None) -> PurgeRequest:
     """Turn the CLI's selectors into namespace fingerprints and an age; bad input raises ConfigError.
 
     `present`: namespaces (hex) found in the store itself (ChunkStore.pages_by_namespace), so a
-    `--namespace` prefix finds pages written through the Python API too, which no stats file names."""
+    `--namespace` prefix finds pages written through the Python API too, which no stats file names;
+    `names`: the labels Python API writers left in the store (ChunkStore.namespace_names), so `--model`
+    finds those pages too (a stats file's labels win)."""
     req = PurgeRequest()
     if older_than is not None:
         req.older_than_s = parse_age(older_than, "--older-than")
     known = known_namespaces(settings)
+    for ns, labels in (names or {}).items():
+        if not known.get(ns, {}).get("labels"):
+            known[ns] = {**known.get(ns, {}), "labels": labels}
     for ns in present or []:
         known.setdefault(ns, {"labels": {}})
     for text in namespaces or []:
@@ -90,10 +96,11 @@ def resolve(settings: Settings, *, models: list[str] | None = None, namespaces: 
         hits = [ns for ns, d in known.items() if _model_matches(model, d["labels"].get("model", ""))]
         if not hits:
             seen = sorted({d["labels"].get("model", "?") for d in known.values()})
-            raise ConfigError(f"--model {model!r}: no namespace of this model in the stats files of "
+            raise ConfigError(f"--model {model!r}: no namespace of this model in the store or the stats files of "
                               f"{settings.source} (models seen: {', '.join(seen) or 'none'}); the model id must "
                               "match exactly (or give a glob such as 'org/*'); pages written through the Python "
-                              "API carry no model name: purge them by --namespace (`lifeboat ls`) or --older-than")
+                              "API under a namespace not made by namespace_fingerprint(model=...) carry no model "
+                              "name: purge them by --namespace (`lifeboat ls`) or --older-than")
         for ns in hits:
             req.namespaces.append(bytes.fromhex(ns))
             req.labels[ns] = known[ns]["labels"]

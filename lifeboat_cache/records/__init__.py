@@ -17,7 +17,8 @@ from .codec import (
     DTYPE_CODES, DTYPE_ITEMSIZE, DTYPE_NAMES, HEADER_SIZE, MAGIC, NONCE_BYTES, NS_AT, RAW, SEAL_OVERHEAD,
     TAG_BYTES, Header, Record, as_bytes_view, build_record, dtype_code, raw_length, unpack_header, verify_record)
 from .keys import (
-    DIGEST_CACHE_ENTRIES, FINGERPRINT_BYTES, DigestCache, digests, index_key, key_digest, namespace_fingerprint)
+    DIGEST_CACHE_ENTRIES, FINGERPRINT_BYTES, DigestCache, Namespace, digests, index_key, key_digest,
+    namespace_fingerprint)
 from .payloads import PLANES, RecordError, decode_into
 from .keyring import key_id_text, write_key_file
 from .purge_list import PURGE_NAME, PurgeRules, append_rules, load_rules
@@ -34,6 +35,6 @@ __all__ = [
     "SEAL_OVERHEAD", "Sealer", "TABLE_ENTRY", "TABLE_MAGIC", "TAG_BYTES", "UNKNOWN_KEY", "UNSEALED", "append_rules",
     "as_bytes_view", "build_record", "build_trailer", "decode_into", "digests", "dtype_code", "index_key",
     "is_mark_name", "key_digest", "key_id_text", "load_rules", "mark_bytes", "mark_name", "mark_verifies",
-    "namespace_fingerprint", "parse_footer", "parse_trailer", "process_token", "raw_length", "sealer_for",
+    "Namespace", "namespace_fingerprint", "parse_footer", "parse_trailer", "process_token", "raw_length", "sealer_for",
     "trailer_size", "unpack_header", "verify_record", "write_key_file", "writer_tag"
 ]

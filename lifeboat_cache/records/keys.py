@@ -18,13 +18,24 @@ FINGERPRINT_BYTES = 16
 KEY_FORMAT = "lifeboat-key-v1"
 
 
-def namespace_fingerprint(**parts: Any) -> bytes:
+class Namespace(bytes):
+    """A namespace fingerprint (the same 16 bytes) that remembers the scalar parts it was made of
+    (`labels`: model, dtype, ...). The fingerprint is a hash, so without them `lifeboat ls` and
+    `purge --model` could not tell whose pages a namespace holds; a store names each Namespace it
+    writes under with them (a shim's own names win)."""
+
+    labels: dict[str, str]
+
+
+def namespace_fingerprint(**parts: Any) -> Namespace:
     """16-byte fingerprint of everything that makes two pages incompatible.
 
     Values must be JSON-serialisable; order of keyword arguments does not matter, None is a value.
     """
     canon = json.dumps({"_format": KEY_FORMAT, **parts}, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.blake2b(canon.encode(), digest_size=FINGERPRINT_BYTES).digest()
+    ns = Namespace(hashlib.blake2b(canon.encode(), digest_size=FINGERPRINT_BYTES).digest())
+    ns.labels = {k: str(v) for k, v in parts.items() if isinstance(v, (str, int, float)) and v != ""}
+    return ns
 
 
 def key_bytes(key: str | bytes) -> bytes:

@@ -13,6 +13,7 @@ counted and logged once per cooldown, and every call returns by `engine.deadline
   maint.py        verify both ways, record headers per key id, dropping records
   copier.py       background copy of new records to the lower tiers (on a BoundedWriter)
   seal_marks.py   at open: a sealed store's mark written into each tier, a keyless writer refused
+  namespace_names.py  what a Namespace was made of, left in the store as marks (ls / purge --model)
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from . import maint
 from .calls import IoCalls
 from .context import StoreContext
 from .copier import DEFAULT_COPY_WORKERS, Copier
+from .namespace_names import NamespaceNames, read_names
 from .pages import page_view, writable
 from .read import ReadPath
 from .refused import Refused, audit_keys
@@ -86,6 +87,7 @@ class ChunkStore:
         self.compress = self.tier_compress[0]
         self.counters = Counters()
         self._digests = DigestCache()  # exists asks about the same keys again and again
+        self.names = NamespaceNames(self.tiers, self.counters)
         # reads and writes cool down separately: a full disk stops writes, not reads
         self.read_cooldowns = [self._cooldown(t, ts, "read") for t, ts in zip(self.tiers, self._tier_settings())]
         self.write_cooldowns = [self._cooldown(t, ts, "write") for t, ts in zip(self.tiers, self._tier_settings())]
@@ -225,6 +227,7 @@ class ChunkStore:
         mismatch, non-contiguous buffers, a namespace that is not a namespace_fingerprint).
         """
         check_namespace(ns, "put")
+        self.names.note(ns)  # its model for `lifeboat ls` / `purge --model`
         if len(keys) != len(buffers):
             raise ValueError(f"put: {len(keys)} keys but {len(buffers)} buffers")
         t0 = time.perf_counter()
@@ -294,6 +297,11 @@ class ChunkStore:
         Reads each record's header; changes nothing."""
         return maint.pages_by_namespace(self.tiers)
 
+    def namespace_names(self) -> dict[str, dict[str, str]]:
+        """Namespace (hex) -> labels (model, ...) that processes writing through the Python API left in
+        the store (store/namespace_names.py); serving processes name theirs in their stats files."""
+        return read_names(self.tiers)
+
     def count_records(self, match: Callable[[Header, str], bool]) -> list[int]:
         """Per tier: indexed pages whose header and unit name `match` accepts (`lifeboat purge`)."""
         return maint.count_records(self.tiers, match)
@@ -342,6 +350,7 @@ class ChunkStore:
         if self.io.closed:
             return
         self.io.close()
+        self.names.join(timeout=1)  # best effort: a hung tier must not hold the close
         if self.key_audit is not None:
             self.key_audit.join(timeout=5)  # it stops at its next record once io is closed
         if self.copier is not None:

@@ -23,6 +23,7 @@ import pytest
 from lifeboat_cache import ChunkStore, namespace_fingerprint
 from lifeboat_cache.cli import main
 from lifeboat_cache.config import ConfigError, load_settings, settings_from_dict
+from lifeboat_cache.ops.stats_file import STATS_DIR_NAME
 
 PAGE = 2048  # uint16 elements: 4 KiB pages
 
@@ -167,6 +168,47 @@ def test_purge_model_every_namespace_then_gc_removes_bytes(tmp_path: Path) -> No
     assert served(cfg, "beta", 0, 40) == (40, [True] * 40)  # live pages survive byte-exact
     assert on_disk(d, "beta0", 40) == 40
     assert not list(d.glob(".compact-*"))
+
+
+PLAIN_WRITER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    from test_purge import page, ns_of, keys
+    from lifeboat_cache import ChunkStore
+    from lifeboat_cache.config import load_settings
+
+    with ChunkStore.open(load_settings(sys.argv[2]), background=False) as store:  # no stats file: the Python API
+        for model in sys.argv[4:]:
+            ok = store.put(ns_of(model, 0), keys(f"{model}0", int(sys.argv[3])),
+                           [page(f"{model}0", i) for i in range(int(sys.argv[3]))])
+            assert all(ok), ok
+    print("WROTE")
+""")
+
+
+def test_pages_written_through_the_python_api_are_named_for_ls_and_purge_model(tmp_path: Path) -> None:
+    """A plain Python process (no serving shim, no stats file) leaves its namespaces' names in the store:
+    `ls` shows the model, `purge --model` finds exactly its pages, and a second purge finds none."""
+    cfg = config(tmp_path)
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_WRITER)
+    r = subprocess.run([sys.executable, str(script), str(Path(__file__).parent), str(cfg), "25", "org/alpha",
+                        "org/beta"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "WROTE" in r.stdout, r.stderr
+    assert not list((tmp_path / "store" / STATS_DIR_NAME).glob("*.json"))  # no stats file names them
+    rc, out, err = cli("ls", "--config", str(cfg), "--json")
+    assert rc == 0, err
+    listed = json.loads(out)["namespaces"]
+    assert listed[ns_of("org/alpha", 0).hex()]["labels"]["model"] == "org/alpha"
+    assert listed[ns_of("org/beta", 0).hex()]["labels"]["model"] == "org/beta"
+    rc, out, err = cli("purge", "--config", str(cfg), "--model", "org/alpha", "--json")
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert set(rep["namespaces"]) == {ns_of("org/alpha", 0).hex()} and rep["tiers"][0]["purged_pages"] == 25
+    assert served(cfg, "org/alpha", 0, 25) == (0, [False] * 25)
+    assert served(cfg, "org/beta", 0, 25) == (25, [True] * 25)
+    rc, out, err = cli("purge", "--config", str(cfg), "--model", "org/alpha", "--json")
+    assert rc == 0 and json.loads(out)["tiers"][0]["purged_pages"] == 0, err
 
 
 def test_purge_namespace_prefix_and_gc_option(tmp_path: Path) -> None:

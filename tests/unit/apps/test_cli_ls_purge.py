@@ -46,7 +46,7 @@ def _ls(cfg, capsys) -> dict:
 def test_ls_sees_pages_written_through_the_python_api_and_counts_pages_present(tmp_path, capsys):
     cfg = _store(tmp_path)
     ns = _ls(cfg, capsys)
-    assert ns[API.hex()]["pages"] == 30 and ns[API.hex()]["labels"] == {}
+    assert ns[API.hex()]["pages"] == 30 and ns[API.hex()]["labels"]["model"] == "api-only"  # left in the store
     assert ns[LLAMA.hex()]["pages"] == 10 and ns[LLAMA.hex()]["labels"]["model"] == "meta/llama"
     assert main(["ls", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
