@@ -15,6 +15,7 @@ import time
 from typing import Iterable
 
 HIT_CAP = 1
+HEAD = 0  # the position of a unit sent to the head of the queue (before every age)
 
 
 class AccessTable:
@@ -61,6 +62,12 @@ class AccessTable:
             counts = self._hits.get(unit, {})
             self._hits[unit] = {o: c - 1 for o, c in counts.items() if c > 1}
             self._order[unit] = position
+            self.version += 1
+
+    def to_head(self, unit: str) -> None:
+        """Put a unit at the head of the queue: it goes at the next pass unless read first (ghost.py)."""
+        with self._lock:
+            self._order[unit] = HEAD
             self.version += 1
 
     def place(self, unit: str, position: int) -> None:

@@ -25,7 +25,7 @@ def judge(table: np.ndarray, unit_id: int, unit_bytes: int, index: Index, hits: 
     evictor has kept many units this pass already, so KEEP becomes a rewrite or an eviction."""
     keys = np.asarray(table["key"], np.int64)
     offs, lens = table["offset"].tolist(), table["length"].tolist()
-    current = [loc == Loc(unit_id, o, n) for loc, o, n in zip(index.get_many(keys), offs, lens)]
+    current = _current(table, unit_id, index)
     key_bytes, tails = keys.astype("<i8").tobytes(), table["digest_tail"].tobytes()
     rows = [(int(keys[i]), offs[i], key_bytes[8 * i:8 * i + 8] + tails[8 * i:8 * i + 8], lens[i])
             for i in range(len(keys)) if current[i] and offs[i] in hits]
@@ -34,6 +34,19 @@ def judge(table: np.ndarray, unit_id: int, unit_bytes: int, index: Index, hits: 
     if action == KEEP and not keep_allowed:
         action = REINSERT if budget.allows(read_bytes) else EVICT
     return action, rows, sum(current) - len(rows)
+
+
+def _current(table: np.ndarray, unit_id: int, index: Index) -> list[bool]:
+    """Per record of the trailer table: whether the index still points at it in this unit."""
+    offs, lens = table["offset"].tolist(), table["length"].tolist()
+    return [loc == Loc(unit_id, o, n) for loc, o, n in
+            zip(index.get_many(np.asarray(table["key"], np.int64)), offs, lens)]
+
+
+def gone_keys(table: np.ndarray, unit_id: int, index: Index, kept: list[Row]) -> list[int]:
+    """Keys of the unit's current records that go with it (not rewritten elsewhere): the ghost's input."""
+    rewritten = {r[0] for r in kept}
+    return [k for k, c in zip(table["key"].tolist(), _current(table, unit_id, index)) if c and k not in rewritten]
 
 
 def tail_position() -> int:

@@ -3,7 +3,8 @@
 The queue is the evictable units in order of position (retention/access.py: where a unit was put when
 kept, else its age). For the unit at the head, retention/policy.py decides from the records read since
 they were written: evict it, keep it whole (it goes to the tail), or rewrite its read records through
-the keeper lane and then evict it. Crash safety is the store's: a reinserted record is written and
+the keeper lane and then evict it. The keys of the records that go are told to the ghost (which pages
+were evicted, and when: retention/ghost.py). Crash safety is the store's: a reinserted record is written and
 indexed before its old unit is unlinked, so a crash in between leaves two valid copies, never none;
 only records the index still points at are rewritten (a purged, replaced or quarantined one is not).
 """
@@ -19,7 +20,8 @@ import numpy as np
 from ...index import Index
 from ...metrics import Counters
 from ...retention import (
-    EVICT, KEEP, REINSERT, RETENTION_COUNTERS, AccessTable, RewriteBudget, Row, judge, keep_whole, tail_position)
+    EVICT, KEEP, REINSERT, RETENTION_COUNTERS, AccessTable, Ghost, RewriteBudget, Row, gone_keys, judge, keep_whole,
+    tail_position)
 from .eviction import EvictionPolicy
 from .format import read_table, unit_ms
 from .units import Unit, UnitTable
@@ -36,14 +38,15 @@ class Evictor:
 
     def __init__(self, table: UnitTable, writers: "Writers", index: Index, policy: EvictionPolicy,
                  access: AccessTable, budget: RewriteBudget, counters: Counters,
-                 log_once: Callable[..., bool]) -> None:
+                 log_once: Callable[..., bool], ghost: Ghost | None = None) -> None:
         self.table, self.writers, self.index, self.policy = table, writers, index, policy
+        self.ghost = ghost if ghost is not None else Ghost()
         self.access, self.budget, self.counters, self._log_once = access, budget, counters, log_once
         self._running = threading.Lock()
 
     def evict(self, limit: int) -> int:
-        """Free units until the bytes on disk, open segments counted full, fit `limit`. Seals idle open
-        segments early when only they are left. Returns bytes freed."""
+        """Free units until the bytes on disk (open segments with their trailers) fit `limit`. Seals idle
+        open segments early when only they are left. Returns bytes freed."""
         with self._running:
             return self._evict(limit)
 
@@ -62,7 +65,7 @@ class Evictor:
                     continue
                 victim = min(units, key=lambda u: (self.access.position(u.name, unit_ms(u.name)), u.name))
             # every keep lowers counts, so this ends; the bound only stops a pathological loop early
-            action, rows, unread = self._choose(victim, keep_allowed=kept <= 4 * len(units))
+            action, rows, unread, table = self._choose(victim, keep_allowed=kept <= 4 * len(units))
             if action == KEEP:
                 kept += 1
                 keep_whole(self.access, self.counters, victim.name, len(rows))
@@ -71,19 +74,23 @@ class Evictor:
                 self._reinsert(victim, rows)
             elif rows:
                 self.counters.add("retention_over_budget_records", len(rows))
+            gone = [] if table is None else gone_keys(table, victim.id, self.index,
+                                                      rows if action == REINSERT else [])
             if not self._unlink(victim):
                 return freed
+            self.ghost.evicted(gone, len(self.index))
             self.counters.add("evicted_unread_records", unread)
             freed += victim.size
 
-    def _choose(self, victim: Unit, *, keep_allowed: bool) -> tuple[str, list[Row], int]:
-        """The policy's action for the victim, its read records still current in the index (rows), and
-        how many of its current records were not read."""
+    def _choose(self, victim: Unit, *, keep_allowed: bool) -> tuple[str, list[Row], int, np.ndarray | None]:
+        """The policy's action for the victim, its read records still current in the index (rows), how
+        many of its current records were not read, and its trailer table (None: unreadable)."""
         hits = self.access.hits_of(victim.name)
         table = self._table(victim)
         if table is None:
-            return EVICT, [], 0
-        return judge(table, victim.id, victim.size, self.index, hits, self.budget, keep_allowed=keep_allowed)
+            return EVICT, [], 0, None
+        return (*judge(table, victim.id, victim.size, self.index, hits, self.budget, keep_allowed=keep_allowed),
+                table)
 
     def _table(self, unit: Unit) -> np.ndarray | None:
         """The victim's trailer table (None: no valid trailer, gone, or unreadable: evict it as it is)."""

@@ -21,12 +21,13 @@ from ...cooldown import LogOnce
 from ...fsio import make_dirs, open_file
 from ...index import Index, Loc
 from ...metrics import Counters
-from ...records import Record
-from ...retention import AccessTable, RewriteBudget
+from ...records import Record, trailer_size
+from ...retention import HEAD, AccessTable, RewriteBudget
 from ..base import Rank
 from . import compaction, inspection
 from .access_files import AccessFiles
 from .capacity import COUNTERS as EVICTION_COUNTERS, Evictor
+from .format import unit_ms
 from .changes import SEGMENTS, ChangeCounter
 from .eviction import EvictionPolicy, SharingPolicy
 from .indexer import IndexThread
@@ -42,7 +43,7 @@ from .writers import Writers
 log = logging.getLogger(__name__)
 
 AUTO_CAPACITY_MAX_BYTES = 64 << 30
-OPEN_SHARE = 16  # open segments together may hold at most 1/OPEN_SHARE of the capacity (all of it counts)
+OPEN_SHARE = 16  # open segments together may hold at most 1/OPEN_SHARE of the capacity
 MIN_OPEN_SEGMENT_BYTES = 64 << 10
 
 
@@ -229,13 +230,16 @@ class SegmentDir:
         locs: list[Loc] = []
         rolled = False
         err: OSError | None = None
-        if self.evict and self.writers.would_roll(records[0][3]):  # make room before a fresh segment fills
-            self.evictor.evict(self.capacity_bytes - self.writers.segment_bytes)
+        if self.evict:  # make room for this run before it is written: the store never holds more than capacity
+            self.evictor.evict(self.capacity_bytes - self._run_bytes(records))
+        averse = self.evict and self.evictor.ghost.averse(int(records[0][0]), len(self.index))
         while len(locs) < len(records) and err is None:
             try:
                 part, roll, err = self.writers.append_part(records, len(locs))
             except OSError as e:  # no segment could be opened for the rest
                 part, roll, err = [], False, e
+            if part:
+                self._queue(part[0].unit, averse, roll)
             locs += part
             rolled |= roll
         if locs:
@@ -244,6 +248,22 @@ class SegmentDir:
         if rolled:  # a segment was opened for this run: enforce the capacity bound now
             self._auto_gc()
         return locs, err
+
+    def _queue(self, unit_id: int, averse: bool, fresh: bool) -> None:
+        """Where a run's segment goes in the retention queue: a fresh segment of a cache-averse run (its
+        first page was evicted long ago, retention/ghost.py) at the head; a segment sent there that
+        then takes a run of other pages back to its age."""
+        name = self.unit_name(unit_id)
+        if name is None:
+            return
+        if averse and fresh:
+            self.access.to_head(name)
+        elif not averse and self.access.position(name, -1) == HEAD:
+            self.access.place(name, unit_ms(name))
+
+    def _run_bytes(self, records: Sequence[Record]) -> int:
+        """Bytes a run adds on disk: its records, their trailer entries, and a fresh segment's trailer head."""
+        return sum(r[3] for r in records) + trailer_size(len(records))
 
     def seal(self) -> None:
         """Seal the open segments now (flush / close / shared-FS visibility)."""
@@ -296,8 +316,8 @@ class SegmentDir:
             self.evictor.evict(self.capacity_bytes)
 
     def gc(self, target_bytes: int | None = None) -> int:
-        """Free sealed segments, as retention decides (capacity.py), until the bytes on disk, open
-        segments counted full, fit. Seals idle open segments early when only they are left. Returns
+        """Free sealed segments, as retention decides (capacity.py), until the bytes on disk (open
+        segments with their trailers) fit. Seals idle open segments early when only they are left. Returns
         bytes freed (0 when open read-only). Called by `lifeboat gc` (after reading every process's
         retention state); serving processes run the same after writes and refreshes."""
         if self.read_only:

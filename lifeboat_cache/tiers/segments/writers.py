@@ -86,9 +86,11 @@ class Writers:
             return {w.unit.name for w in self._writers if w is not None}
 
     def projected_bytes(self) -> int:
-        """Bytes on disk once every open segment is full: what the capacity must hold."""
+        """Bytes on disk once every open segment is sealed: what the capacity must hold. An open segment
+        counts what its writes reserved plus its trailer; each run makes room for itself before it is
+        written (directory.append_many), so the bound holds without counting open segments full."""
         with self._lock:
-            own = {w.unit.id: max(self.segment_bytes, w.reserved) for w in self._writers[:self._keeper]
+            own = {w.unit.id: w.reserved + trailer_size(w.count) for w in self._writers[:self._keeper]
                    if w is not None}  # the keeper lane counts what it holds: it fills only inside an eviction
             return sum(own.get(u.id, u.size) for u in self.table.live())
 

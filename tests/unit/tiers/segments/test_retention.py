@@ -187,3 +187,38 @@ def test_lifeboat_gc_uses_the_same_policy_and_stats_show_it(tmp_path: Path) -> N
     assert json.loads(stats.stdout)["tiers"][0]["retention"]["read_records_known"] >= HOT
     with ChunkStore.open(settings(store, capacity="1MiB"), background=False) as st:
         assert _serve(st, [f"hot{i}" for i in range(HOT)], list(range(HOT))) == HOT
+
+
+
+
+def test_a_page_back_after_a_long_absence_goes_to_the_head_and_is_evicted_first(tmp_path: Path) -> None:
+    """Nothing read, one page a put: a page evicted more than GHOST_SPAN x (records held) evictions ago
+    and written again into a fresh segment is cache-averse (retention/ghost.py): the segment goes to the
+    head of the queue, so the next eviction takes it, not the oldest segment written since."""
+    from lifeboat_cache.retention import HEAD
+
+    s = settings(tmp_path, capacity="1MiB")  # 64 KiB segments, about 60 pages held
+    with ChunkStore.open(s, background=False) as st:
+        d = _dir(st)
+        for i in range(600):
+            st.put(NS, [f"p{i}"], [page(i)])
+        back = None
+        for i in range(20):  # the ghost's table is direct-mapped: a page may have been forgotten
+            assert not st.contains(NS, [f"p{i}"])[0], "the first pages went long ago"
+            d.seal()  # the page lands in a fresh segment
+            st.put(NS, [f"p{i}"], [page(i)])
+            loc = d.index.get_many(np.asarray(st._digests.index_keys(NS, [f"p{i}"]), np.int64))[0]
+            if loc is not None and d.access.position(d.unit_name(loc.unit), -1) == HEAD:
+                back = i
+                break
+        assert back is not None, "a page back after a long absence must go to the head"
+        d.seal()
+        normal = sorted((n for n, _, sealed in d.units() if sealed and d.access.position(n, -1) != HEAD))[0]
+        evicted = st.stats()["tiers"][0]["evicted_segments"]
+        for k in range(8):  # until a segment is evicted to make room: the head goes first
+            st.put(NS, [f"new{k}"], [page(1000 + k)])
+            if st.stats()["tiers"][0]["evicted_segments"] > evicted:
+                break
+        names = {n for n, _, _ in d.units()}
+        assert not st.contains(NS, [f"p{back}"])[0], "the cache-averse page must go first"
+        assert normal in names, "the oldest segment written since must stay"
