@@ -66,8 +66,9 @@ def test_bit_flip_in_unsealed_segment_costs_one_record_and_verify_reports_it(tmp
     is wrong, `verify` (read-only, changes nothing) reports the damage, and `verify --fix` records it."""
     store = tmp_path / "store"
     # segments far larger than the ~1.5 MiB written: with 1 MiB ones the io worker that happened to
-    # write most filled one, which was sealed at the size limit, and the bit flip landed there
-    cfg = config(tmp_path, store, segment_size="16MiB")
+    # write most filled one, which was sealed at the size limit, and the bit flip landed there; and a
+    # capacity whose open-segment share (directory.OPEN_SHARE) does not cap them below that
+    cfg = config(tmp_path, store, segment_size="16MiB", capacity="4GiB")
     acked = run_writer(cfg, 2, 64)  # SIGKILL at DONE: segments stay unsealed
     seg = max(store.glob("*.seg"), key=lambda p: p.stat().st_size)
     fd = os.open(seg, os.O_RDONLY)
