@@ -19,22 +19,13 @@ from typing import Callable
 
 from ...fsio import read_small_file, write_new_file
 from ...retention import STATE_MAX_BYTES, AccessTable, decode, encode
+from .format import process_alive
 from .units import UnitTable
 
 log = logging.getLogger(__name__)
 
 PREFIX, SUFFIX = "retention-", ".state"
 PUBLISH_S = 5.0  # the longest one process's reads stay unknown to the others
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 class AccessFiles:
@@ -94,7 +85,7 @@ class AccessFiles:
         tag = name[len(PREFIX):-len(SUFFIX)].split("-")
         if len(tag) != 3 or tag[0] != self.table.host or not tag[1].isdigit():
             return False
-        return not _pid_alive(int(tag[1])) or int(tag[1]) == os.getpid()
+        return int(tag[1]) == os.getpid() or not process_alive(int(tag[1]))
 
     def publish(self, *, force: bool = False) -> None:
         """Write this process's view (live units only) when it changed; then remove absorbed dead files."""

@@ -30,7 +30,7 @@ import numpy as np
 from ...fsio import ForeignFile, open_file, pwritev_all
 from ...index import Index, Loc
 from ...records import HEADER_SIZE, NS_AT, Entry, RecordError, verify_record
-from .format import parse_name, read_table, unit_ms, write_trailer
+from .format import parse_name, process_alive, read_table, unit_ms, write_trailer
 from .purge_filter import PurgeFilter
 from .units import Unit, UnitTable
 from .writers import Writers
@@ -177,14 +177,8 @@ def remove_stale_temps(d: Directory) -> int:
         parsed = parse_name(name[len(TMP_PREFIX):-len(TMP_SUFFIX)])
         if parsed is None or parsed[0] != d.table.host:
             continue
-        try:
-            os.kill(parsed[1], 0)
-            if parsed[1] != os.getpid():
-                continue  # its writer is alive
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
+        if parsed[1] != os.getpid() and process_alive(parsed[1]):
+            continue  # its writer is alive
         try:
             os.unlink(d.path / name)
             n += 1

@@ -45,6 +45,17 @@ def parse_name(name: str) -> tuple[str, int] | None:
     return parts[1], int(parts[2])
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host with `pid` exists (one we may not signal counts: it exists)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def unit_ms(name: str) -> int:
     """Creation time (ms) of a segment from its name; every record in it is at least that old."""
     head = name.split("-", 1)[0]

@@ -23,7 +23,7 @@ from ...index import Index
 from ...metrics import Counters
 from ...records import index_key
 from .eviction import SharingPolicy
-from .format import SEGMENT_SUFFIX, parse_name, read_table
+from .format import SEGMENT_SUFFIX, parse_name, process_alive, read_table
 from ..base import Rank, settle_twins
 from .quarantine import Quarantine
 from .units import Unit, UnitTable
@@ -298,13 +298,7 @@ class Scanner:
         parsed = parse_name(unit.name)
         if parsed is None or parsed[0] != self.table.host or parsed[1] == os.getpid():
             return False
-        try:
-            os.kill(parsed[1], 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
+        return not process_alive(parsed[1])
 
     def adopt_if_orphan(self, unit: Unit) -> None:
         """Seal a segment left unsealed by a dead writer on this host.
