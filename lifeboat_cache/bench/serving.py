@@ -39,6 +39,7 @@ from .sizes import Sizes, ints, names
 SERVERS = ("none", "host", "file", "lifeboat")
 PREFETCH_POLICIES = ("timeout", "best_effort", "wait_complete")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+HOST_MODES = ("cache", "buffer_only")
 STOPS = ("sigterm", "sigkill")
 KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M: K and V, 30 layers, 3 KV heads of 64, float32
 
@@ -47,6 +48,7 @@ def check(sizes: Sizes) -> None:
     """Raise ValueError naming the --size key when a serving option is unusable."""
     for key, value, allowed in (("serving_prefetch_policy", sizes.serving_prefetch_policy, PREFETCH_POLICIES),
                                 ("serving_write_policy", sizes.serving_write_policy, WRITE_POLICIES),
+                                ("serving_host_mode", sizes.serving_host_mode, HOST_MODES),
                                 ("serving_stop", sizes.serving_stop, STOPS)):
         if value not in allowed:
             raise ValueError(f"--size {key}={value}: choose one of {', '.join(allowed)}")
@@ -81,7 +83,10 @@ class ServingPlan:
         self.base = cpu_flags(self.model, max_total_tokens=sizes.serving_device_tokens)
         hicache = ["--hicache-mem-layout", "layer_first", "--hicache-io-backend", "direct",
                    "--hicache-write-policy", sizes.serving_write_policy]
-        policy = ["--hicache-storage-prefetch-policy", sizes.serving_prefetch_policy]
+        # buffer_only (needs a storage backend): the host pool only stages, and a prefetched span stays pinned
+        # until its request is admitted
+        policy = ["--hicache-storage-prefetch-policy", sizes.serving_prefetch_policy,
+                  "--hicache-host-memory-mode", sizes.serving_host_mode]
         store = {"storage": [{"type": "local", "path": str(self.dirs["lifeboat"])}]}
         self.flags = {
             "none": self.base,

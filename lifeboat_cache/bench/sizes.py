@@ -58,6 +58,7 @@ class Sizes:
     serving_host_ratio: str = "2"       # --hicache-ratio: host pool = ratio x device pool
     serving_prefetch_policy: str = "wait_complete"  # or timeout (SGLang's default), best_effort
     serving_write_policy: str = "write_through"     # or write_through_selective, write_back
+    serving_host_mode: str = "cache"                # --hicache-host-memory-mode: or buffer_only
     serving_stop: str = "sigterm"                   # or sigkill: the restart in the middle
     serving_seed: int = 1
     serving_threads: int = 1                        # OMP_NUM_THREADS of every server (see serving.py)

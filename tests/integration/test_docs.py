@@ -62,6 +62,7 @@ ENV_PARSERS = {
     rules.ENV_HOST_GB: rules.parse_host_gb,
     rules.ENV_WRITE_POLICY: rules.parse_write_policy,
     rules.ENV_ZERO_COPY: rules.parse_zero_copy,
+    rules.ENV_HOST_MODE: rules.parse_host_mode,
     "LIFEBOAT_MLX_REBUILD_WAIT_S": _mlx_rebuild_wait,
     config_env.ENV_INTERVAL: config_env.parse_interval,
     "SGLANG_USE_MLX": lambda env: env["SGLANG_USE_MLX"] in ("0", "1") or pytest.fail("SGLANG_USE_MLX=0|1"),

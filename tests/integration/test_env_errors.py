@@ -46,6 +46,7 @@ BAD = {
     "LIFEBOAT_SGLANG_HOST_GB": (rules.parse_host_gb, "lots"),
     "LIFEBOAT_SGLANG_WRITE_POLICY": (rules.parse_write_policy, "sometimes"),
     "LIFEBOAT_SGLANG_ZERO_COPY": (rules.parse_zero_copy, "2"),
+    "LIFEBOAT_SGLANG_HOST_MODE": (rules.parse_host_mode, "buffered"),
     "LIFEBOAT_MLX_REBUILD_WAIT_S": (_rebuild_wait, "abc"),
     "LIFEBOAT_STATS_INTERVAL_S": (statsfile.parse_interval, "abc"),
     "LIFEBOAT_BLAS_PRELOAD": (_blas, "/nonexistent/libblas.so.3"),

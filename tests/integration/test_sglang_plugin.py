@@ -185,7 +185,7 @@ def test_lifeboat_launch_defaults(caplog: pytest.LogCaptureFixture) -> None:
     ours = [r.getMessage() for r in caplog.records if r.name == sglang_plugin.__name__]
     assert "LifeboatCache: page size 64 (LifeboatCache default; launch gave none)" in ours
     assert sum(m.startswith("LifeboatCache: host pool 6 GB per rank") for m in ours) == 1
-    assert len(ours) == len(set(ours)) == 6  # each decision once
+    assert len(ours) == len(set(ours)) == 7  # each decision once
     assert sum(m.startswith("LifeboatCache: host layout page_first (SGLang's default") for m in ours) == 1
 
 
@@ -236,6 +236,7 @@ def test_without_lifeboat_full_pipeline_is_stock(tiny_model: str, monkeypatch) -
         ({rules.ENV_HOST_GB: "40"}, dict(hicache_size=40)),
         ({rules.ENV_WRITE_POLICY: "write_through_selective"}, dict(hicache_write_policy="write_through_selective")),
         ({rules.ENV_WRITE_POLICY: "write_back"}, dict(hicache_write_policy="write_back")),
+        ({rules.ENV_HOST_MODE: "buffer_only"}, dict(hicache_host_memory_mode="buffer_only")),
         ({rules.ENV_ZERO_COPY: "0", rules.ENV_STAGING_TOKENS: "512"}, dict(page_size=64, hicache_size=6)),
     ],
 )

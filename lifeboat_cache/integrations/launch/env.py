@@ -20,8 +20,10 @@ ENV_STAGING_TOKENS = "LIFEBOAT_SGLANG_STAGING_TOKENS"
 ENV_HOST_GB = "LIFEBOAT_SGLANG_HOST_GB"
 ENV_WRITE_POLICY = "LIFEBOAT_SGLANG_WRITE_POLICY"
 ENV_ZERO_COPY = "LIFEBOAT_SGLANG_ZERO_COPY"
+ENV_HOST_MODE = "LIFEBOAT_SGLANG_HOST_MODE"
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+HOST_MODES = ("cache", "buffer_only")  # SGLang 0.5.23's --hicache-host-memory-mode
 
 HostGbSetting = Union[int, str, None]  # None: default rule; "auto"; or whole GB per rank
 
@@ -54,11 +56,19 @@ def parse_host_gb(env: Env) -> HostGbSetting:
 def parse_write_policy(env: Env) -> Optional[str]:
     """`LIFEBOAT_SGLANG_WRITE_POLICY`: the write policy of a launch that gave no `--hicache-write-policy`
     (a flag on the command line beats it, as everywhere in SGLang)."""
-    value = raw_value(env, ENV_WRITE_POLICY)
-    if value is None:
-        return None
-    if value not in WRITE_POLICIES:
-        raise ConfigError(f"{ENV_WRITE_POLICY}={value!r} is invalid: allowed values are {', '.join(WRITE_POLICIES)}")
+    return _one_of(env, ENV_WRITE_POLICY, WRITE_POLICIES)
+
+
+def parse_host_mode(env: Env) -> Optional[str]:
+    """`LIFEBOAT_SGLANG_HOST_MODE`: SGLang's host memory mode of a launch that gave no
+    `--hicache-host-memory-mode` (a flag on the command line beats it)."""
+    return _one_of(env, ENV_HOST_MODE, HOST_MODES)
+
+
+def _one_of(env: Env, name: str, allowed: tuple[str, ...]) -> Optional[str]:
+    value = raw_value(env, name)
+    if value is not None and value not in allowed:
+        raise ConfigError(f"{name}={value!r} is invalid: allowed values are {', '.join(allowed)}")
     return value
 
 
@@ -78,5 +88,7 @@ SGLANG_VARIABLES: tuple[Variable, ...] = (
     Variable(ENV_WRITE_POLICY, "the launch's", "write policy when the launch gives no --hicache-write-policy: "
              + ", ".join(WRITE_POLICIES),
              parse_write_policy),
+    Variable(ENV_HOST_MODE, "the launch's", "host memory mode when the launch gives no --hicache-host-memory-mode: "
+             "cache (SGLang's default) or buffer_only (see docs/sglang.md)", parse_host_mode),
     Variable(ENV_ZERO_COPY, "1", "1 zero-copy page I/O, 0 SGLang's copying interface", parse_zero_copy),
 )

@@ -17,8 +17,9 @@ from typing import Any, Callable, Mapping, Optional
 
 from ...config import ConfigError, raw_value
 from .env import (
-    ENV_ENABLE, ENV_HOST_GB, ENV_PAGE_SIZE, ENV_STAGING_TOKENS, ENV_WRITE_POLICY, ENV_ZERO_COPY, parse_enable,
-    parse_host_gb, parse_page_size, parse_staging_tokens, parse_write_policy, parse_zero_copy)
+    ENV_ENABLE, ENV_HOST_GB, ENV_HOST_MODE, ENV_PAGE_SIZE, ENV_STAGING_TOKENS, ENV_WRITE_POLICY, ENV_ZERO_COPY,
+    parse_enable, parse_host_gb, parse_host_mode, parse_page_size, parse_staging_tokens, parse_write_policy,
+    parse_zero_copy)
 from .sizing import (
     BACKEND_NAME, DEFAULT_HOST_MAX_GB, DEFAULT_HOST_MIN_GB, DEFAULT_PAGE_SIZE, DEFAULT_STAGING_TOKENS, GB, GIB,
     HOST_RESERVE_BYTES, SGLANG_STAGING_PAGE_CHUNK, auto_host_pool_gb, backend_extra_config_json, cpu_token_pool_warning,
@@ -57,6 +58,8 @@ class LaunchFacts:
     write_policy: str = "write_through"
     max_total_tokens: Optional[int] = None  # --max-total-tokens (None: SGLang sizes the token pool itself)
     write_policy_given: bool = False  # the launch typed --hicache-write-policy (a flag beats the environment)
+    host_mode: str = "cache"  # --hicache-host-memory-mode (SGLang 0.5.23's default: cache)
+    host_mode_given: bool = False  # the launch typed --hicache-host-memory-mode
     enable_hierarchical_cache: bool = False
     storage_backend: Optional[str] = None
     extra_config: Optional[Mapping[str, Any]] = None
@@ -162,6 +165,23 @@ def cpu_prefetch_decision(facts: LaunchFacts) -> Decision:
                     "LifeboatCache call returns by deadline_s", {"hicache_storage_prefetch_policy": "wait_complete"})
 
 
+def flag_over_env(what: str, flag: str, field_name: str, launch_value: str, given: bool, env_name: str,
+                  env_value: Optional[str]) -> tuple[Decision, Optional[str]]:
+    """A setting with a flag and a LIFEBOAT_SGLANG_* variable: a typed flag beats the variable (as everywhere in
+    SGLang), the variable beats the launch's default. Returns the decision and a warning when both were given
+    and disagree."""
+    if env_value is not None and given:
+        differ = env_value != launch_value
+        ignored = f"; {env_name}={env_value} ignored: a flag beats the environment" if differ else ""
+        warning = (f"{flag} {launch_value} beats {env_name}={env_value} (a flag beats the environment); unset the "
+                   "variable or drop the flag") if differ else None
+        return Decision(what, launch_value, f"the launch gave {flag}{ignored}"), warning
+    if env_value is not None:
+        fields = {field_name: env_value} if env_value != launch_value else {}
+        return Decision(what, env_value, f"{env_name}; launch had {launch_value}", fields), None
+    return Decision(what, launch_value, f"the launch's {what}"), None
+
+
 def uses_lifeboat_backend(facts: LaunchFacts) -> bool:
     """The launch configured LifeboatCache as its HiCache storage backend."""
     return facts.storage_backend == "dynamic" and is_lifeboat_extra_config(facts.extra_config)
@@ -240,6 +260,7 @@ def plan_launch_tuning(
     env_staging = parse_staging_tokens(env)
     env_host = parse_host_gb(env)
     env_policy = parse_write_policy(env)
+    env_host_mode = parse_host_mode(env)
     zero_copy = parse_zero_copy(env)
 
     # Page size.
@@ -320,21 +341,12 @@ def plan_launch_tuning(
                 f"{ENV_HOST_GB} or --hicache-size lower"
             )
 
-    # Write policy.
-    if env_policy is not None and facts.write_policy_given:
-        ignored = (f"; {ENV_WRITE_POLICY}={env_policy} ignored: a flag beats the environment"
-                   if env_policy != facts.write_policy else "")
-        decisions.append(Decision("write policy", facts.write_policy, f"the launch gave --hicache-write-policy{ignored}"))
-        if env_policy != facts.write_policy:
-            warnings.append(f"--hicache-write-policy {facts.write_policy} beats {ENV_WRITE_POLICY}={env_policy} "
-                            "(a flag beats the environment); unset the variable or drop the flag")
-    elif env_policy is not None:
-        fields = {"hicache_write_policy": env_policy} if env_policy != facts.write_policy else {}
-        decisions.append(
-            Decision("write policy", env_policy, f"{ENV_WRITE_POLICY}; launch had {facts.write_policy}", fields)
-        )
-    else:
-        decisions.append(Decision("write policy", facts.write_policy, "the launch's policy"))
+    for d, w in (flag_over_env("write policy", "--hicache-write-policy", "hicache_write_policy", facts.write_policy,
+                               facts.write_policy_given, ENV_WRITE_POLICY, env_policy),
+                 flag_over_env("host memory mode", "--hicache-host-memory-mode", "hicache_host_memory_mode",
+                               facts.host_mode, facts.host_mode_given, ENV_HOST_MODE, env_host_mode)):
+        decisions.append(d)
+        warnings += [w] if w else []
 
     if is_cpu_launch(facts):
         decisions += [cpu_layout_decision(facts), cpu_prefetch_decision(facts)]

@@ -229,10 +229,29 @@ def test_plan_defaults_for_a_lifeboat_launch() -> None:
     assert "page size 64 (LifeboatCache default; launch gave none)" in messages
     assert any(m.startswith("GPU write-back staging 1024 tokens") for m in messages)
     assert any(m.startswith("host pool 6 GB per rank (LifeboatCache default") for m in messages)
-    assert "write policy write_through (the launch's policy)" in messages
+    assert "write policy write_through (the launch's write policy)" in messages
+    assert "host memory mode cache (the launch's host memory mode)" in messages
     assert "zero-copy page I/O on (default)" in messages
     assert any(m.startswith("host layout page_first (SGLang's default and LifeboatCache's fastest") for m in messages)
     assert plan.warnings == ()
+
+
+def test_host_memory_mode_flag_beats_variable_beats_launch_default() -> None:
+    """LIFEBOAT_SGLANG_HOST_MODE sets --hicache-host-memory-mode when the launch typed none; a typed flag wins,
+    with a warning when they disagree; a bad value stops the launch naming the variable."""
+    env = {rules.ENV_HOST_MODE: "buffer_only"}
+    plan = plan_launch_tuning(facts(), env, no_gpu)
+    assert plan.fields["hicache_host_memory_mode"] == "buffer_only"
+    assert f"host memory mode buffer_only ({rules.ENV_HOST_MODE}; launch had cache)" in plan.messages()
+    typed = plan_launch_tuning(facts(host_mode="cache", host_mode_given=True), env, no_gpu)
+    assert "hicache_host_memory_mode" not in typed.fields
+    assert any(w.startswith(f"--hicache-host-memory-mode cache beats {rules.ENV_HOST_MODE}=buffer_only")
+               for w in typed.warnings)
+    same = plan_launch_tuning(facts(host_mode="buffer_only", host_mode_given=True), env, no_gpu)
+    assert same.warnings == () and "hicache_host_memory_mode" not in same.fields
+    with pytest.raises(ConfigError, match=rf"^{rules.ENV_HOST_MODE}='buffer' is invalid: allowed values are "
+                                          "cache, buffer_only"):
+        plan_launch_tuning(facts(), {rules.ENV_HOST_MODE: "buffer"}, no_gpu)
 
 
 @pytest.mark.parametrize("layout,io,shown,reason", [
@@ -251,8 +270,8 @@ def test_plan_host_layout_is_kept_and_explained(layout: str, io: str, shown: str
 def test_plan_every_decision_once() -> None:
     whats = [d.what for d in plan_launch_tuning(facts(), {}, no_gpu).decisions]
     assert sorted(whats) == sorted(set(whats))
-    assert set(whats) == {"page size", "GPU write-back staging", "host pool", "write policy", "host layout",
-                          "zero-copy page I/O"}
+    assert set(whats) == {"page size", "GPU write-back staging", "host pool", "write policy", "host memory mode",
+                          "host layout", "zero-copy page I/O"}
 
 
 def test_plan_launch_page_size_wins_over_env() -> None:
