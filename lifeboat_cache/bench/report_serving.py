@@ -24,7 +24,8 @@ def serving_tables(sec: Any) -> list[str]:
             f"{sec['output_tokens']} greedy output tokens each; device pool {pools['device']:,} tokens, host pool "
             f"{pools['host']:,}; the conversations' KV is {sec.get('conversations_kv_tokens', 0):,} tokens"
             + (f" ({ratio:.1f}x device + host)" if ratio else "")
-            + f"; prefetch policy {sec['prefetch_policy']}, write policy {sec['write_policy']}. "
+            + f"; prefetch policy {sec['prefetch_policy']}, write policy {sec['write_policy']}, host memory mode "
+            f"{sec.get('host_mode', 'cache')} (storage servers). "
             "Throughput over both halves' durations; TTFT over every request.", ""]
     for conc, run in sec["concurrency"].items():
         out += [f"Concurrency {conc}:", "",

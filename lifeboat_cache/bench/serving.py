@@ -178,6 +178,7 @@ def run(work: Path, sizes: Sizes) -> dict[str, Any]:
         "pools_tokens": plan.pool_tokens, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
         "conversations_kv_tokens": kv_tokens, "kv_over_pools": kv_tokens / pools if pools else None,
         "prefetch_policy": sizes.serving_prefetch_policy, "write_policy": sizes.serving_write_policy,
+        "host_mode": sizes.serving_host_mode,
         "stop": sizes.serving_stop, "output_tokens": sizes.serving_output_tokens, "threads": sizes.serving_threads,
         "load_avg_end": os.getloadavg(), "concurrency": by_conc,
     }

@@ -77,9 +77,10 @@ def write_config(path: Path, storage: list[dict]) -> Path:
     return path
 
 
-def server(model: Path, root: Path, name: str, config: Path, **extra: object) -> SGLangServer:
+def server(model: Path, root: Path, name: str, config: Path, env: dict | None = None, **extra: object) -> SGLangServer:
     flags = cpu_flags(model) + hicache_flags("lifeboat", {"trace": True, **extra})
-    return SGLangServer(flags, log_path=root / f"{name}.log", env={**ENV, "LIFEBOAT_CONFIG": str(config)})
+    env = {**ENV, "LIFEBOAT_CONFIG": str(config), **(env or {})}
+    return SGLangServer(flags, log_path=root / f"{name}.log", env=env)
 
 
 def settle(srv: SGLangServer, pages: int) -> float:
@@ -200,6 +201,21 @@ def test_sigkill_restart_never_serves_a_wrong_token(lifecycle: dict) -> None:
     after_p = lifecycle["after_kill_P"]
     assert after_p.output_ids == lifecycle["cold_P"].output_ids
     assert after_p.storage_tokens == whole_pages(after_p.prompt_tokens)
+
+
+def test_buffer_only_host_memory_through_the_variable_restores_the_prompt(model: Path, lifecycle: dict) -> None:
+    """LIFEBOAT_SGLANG_HOST_MODE=buffer_only (docs/sglang.md, many users at once): the launch takes SGLang's
+    buffer_only host memory, says so once, and a fresh server still gets the returning prompt from storage,
+    token for token."""
+    srv = server(model, lifecycle["root"], "buffer-only", lifecycle["config"],
+                 {"LIFEBOAT_SGLANG_HOST_MODE": "buffer_only"})
+    with srv:
+        got = srv.generate(lifecycle["P"], NEW_TOKENS)
+    log = srv.log_path.read_text(errors="replace")
+    said = "LifeboatCache: host memory mode buffer_only (LIFEBOAT_SGLANG_HOST_MODE; launch had cache)"
+    assert log.count(said) == 1, log[-2000:]
+    assert got.storage_tokens == whole_pages(len(lifecycle["P"])), got.cached_details
+    assert got.output_ids == lifecycle["cold_P"].output_ids
 
 
 # ------------------------------------------------------------------------------------------------
