@@ -232,18 +232,25 @@ class SegmentDir:
         locs: list[Loc] = []
         rolled = False
         err: OSError | None = None
-        if self.evict:  # make room for this run before it is written: the store never holds more than capacity
-            self.evictor.evict(self.capacity_bytes - self._run_bytes(records))
-        averse = self.evict and self.evictor.ghost.averse(int(records[0][0]), len(self.index))
-        while len(locs) < len(records) and err is None:
-            try:
-                part, roll, err = self.writers.append_part(records, len(locs))
-            except OSError as e:  # no segment could be opened for the rest
-                part, roll, err = [], False, e
-            if part:
-                self._queue(part[0].unit, averse, roll)
-            locs += part
-            rolled |= roll
+        # make room for this run before it is written, counting the other threads' runs that made theirs
+        # and are not written yet: the store never holds more than capacity
+        promise = self.writers.promise(self._run_bytes(records)) if self.evict else None
+        try:
+            if self.evict:
+                self.evictor.evict(self.capacity_bytes)
+            averse = self.evict and self.evictor.ghost.averse(int(records[0][0]), len(self.index))
+            while len(locs) < len(records) and err is None:
+                try:
+                    part, roll, err = self.writers.append_part(records, len(locs), promise=promise)
+                except OSError as e:  # no segment could be opened for the rest
+                    part, roll, err = [], False, e
+                if part:
+                    self._queue(part[0].unit, averse, roll)
+                locs += part
+                rolled |= roll
+        finally:
+            if promise is not None:
+                self.writers.release(promise)
         if locs:
             self._changed()  # write, index, then tell the other processes of this host
             self.budget.wrote(sum(loc.length for loc in locs))

@@ -48,6 +48,15 @@ class Writer:
     entries: list[Entry] = field(default_factory=list)
 
 
+@dataclass
+class Promise:
+    """Room a run made in the capacity before it is written (directory.append_many). `projected_bytes`
+    counts what is left of it until the run reserves it, so capacity gc run by another thread in
+    between sees it: concurrent runs cannot each make room for themselves only and overshoot together."""
+
+    left: int
+
+
 class Writers:
     """The open segments of one directory (`stripes` of them), under the unit table's lock.
 
@@ -71,6 +80,7 @@ class Writers:
         self._stripe_next = 0
         self._sealing: list[Writer] = []  # waiting for in-flight writes before their trailer
         self._unsealed: list[tuple[Unit, list[Entry], int]] = []  # trailer write failed (full disk): retried
+        self._promised = 0  # what is left of every run's Promise
 
     @property
     def stripes(self) -> int:
@@ -92,7 +102,19 @@ class Writers:
         with self._lock:
             own = {w.unit.id: w.reserved + trailer_size(w.count) for w in self._writers[:self._keeper]
                    if w is not None}  # the keeper lane counts what it holds: it fills only inside an eviction
-            return sum(own.get(u.id, u.size) for u in self.table.live())
+            return sum(own.get(u.id, u.size) for u in self.table.live()) + self._promised
+
+    def promise(self, nbytes: int) -> Promise:
+        """Count `nbytes` a run is about to write in `projected_bytes` until it reserves them."""
+        with self._lock:
+            self._promised += nbytes
+            return Promise(nbytes)
+
+    def release(self, promise: Promise) -> None:
+        """Stop counting what a run promised and did not reserve (it ended, written or failed)."""
+        with self._lock:
+            self._promised -= promise.left
+            promise.left = 0
 
     # ------------------------------------------------------------------ appends
     def would_roll(self, length: int) -> bool:
@@ -101,15 +123,17 @@ class Writers:
             w = self._writers[self._my_stripe()]
             return w is None or (w.reserved + length > self.segment_bytes and w.reserved > 0)
 
-    def append_part(self, records: Sequence[Record], first: int, *, kept_ms: int | None = None
-                    ) -> tuple[list[Loc], bool, OSError | None]:
+    def append_part(self, records: Sequence[Record], first: int, *, kept_ms: int | None = None,
+                    promise: Promise | None = None) -> tuple[list[Loc], bool, OSError | None]:
         """Write and index the records from `first` on that fit in this thread's open segment (at
         least one). Returns their locs, whether a segment was opened, and the error that stopped it.
-        `kept_ms`: the records are kept by retention and were first written at kept_ms (the keeper lane)."""
+        `kept_ms`: the records are kept by retention and were first written at kept_ms (the keeper lane).
+        `promise`: what the run promised; the bytes reserved here are taken from it."""
         with self._lock:
             stripe = self._my_stripe() if kept_ms is None else self._keeper
             w = self._writer_for(stripe, records[first][3], kept_ms)
             rolled = w.reserved == 0
+            before = 0 if rolled else w.reserved + trailer_size(w.count)
             off = w.reserved
             end, total = first, 0
             while end < len(records) and (end == first or off + total + records[end][3] <= self.segment_bytes):
@@ -120,6 +144,10 @@ class Writers:
             trailer = trailer_size(w.count)  # room for a trailer listing every record so far
             w.unit.size = w.reserved
             w.inflight += 1
+            if promise is not None:  # now counted as reserved: no longer as promised
+                taken = min(promise.left, w.reserved + trailer - before)
+                promise.left -= taken
+                self._promised -= taken
         run = records[first:end]
         offs = np.cumsum([0] + [r[3] for r in run]).tolist()  # record k spans offs[k]..offs[k+1] from off
         err: OSError | None = None

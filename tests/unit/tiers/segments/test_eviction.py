@@ -1,10 +1,18 @@
-"""Capacity eviction of a segment directory: whole oldest sealed segments go first."""
+"""Capacity eviction of a segment directory: whole oldest sealed segments go first, and runs written at
+once never overshoot together."""
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
+import numpy as np
 from support.chunks import keys, local_settings as settings, page
 
 from lifeboat_cache import ChunkStore, namespace_fingerprint
+from lifeboat_cache.records import codec
+from lifeboat_cache.records.keys import key_digest
+from lifeboat_cache.tiers.segments import DirSettings, SegmentDir
 
 NS = namespace_fingerprint(model="test", dtype="bfloat16", page_size=64)
 
@@ -20,3 +28,47 @@ def test_capacity_evicts_oldest_segments(tmp_path):
             assert st.tiers[0].usage_bytes() <= (3 << 20) + stripes * (1 << 20)
         hits = st.contains(NS, ks)
         assert not any(hits[:100]) and all(hits[-20:])  # oldest gone, newest kept
+
+
+
+def _record(i: int) -> tuple[int, bytes, list[object], int]:
+    """Record i: a 4 KiB page, uncompressed (16 to a 64 KiB open segment)."""
+    dg = key_digest(b"n" * 16, f"k{i}")
+    hdr, parts, n = codec.build_record(page(i, 2048).view(np.uint8), itemsize=2, dtype=codec.DTYPE_CODES["u2"],
+                                       digest=dg, namespace=b"n" * 16, compress=False)
+    return i, dg, [hdr, *parts], n
+
+
+def test_a_run_that_made_room_counts_until_it_is_written(tmp_path: Path) -> None:
+    """Thread A makes room for its run and is held before writing it: the room must stay counted, so
+    that thread B's run written meanwhile makes room of its own (each making room for itself only, the
+    two would write into the same room and overshoot the capacity together)."""
+    d = SegmentDir(tmp_path, DirSettings(capacity_bytes=1 << 20, segment_bytes=1 << 20))
+    d.open(background=False)
+    try:
+        for i in range(0, 400, 4):  # past the capacity: old sealed segments are evicted as it goes
+            d.append_many([_record(j) for j in range(i, i + 4)])
+        run_a = [_record(j) for j in range(1000, 1008)]
+        made_room, go = threading.Event(), threading.Event()
+        evict = d.evictor.evict
+
+        def held_evict(limit: int) -> int:
+            freed = evict(limit)
+            if threading.current_thread().name == "A":
+                made_room.set()
+                go.wait(10)
+            return freed
+
+        d.evictor.evict = held_evict  # type: ignore[method-assign]
+        a = threading.Thread(target=d.append_many, args=(run_a,), name="A")
+        a.start()
+        assert made_room.wait(10)
+        counted = d.writers.projected_bytes() - d.usage_bytes()  # beyond what the segments hold now
+        d.append_many([_record(j) for j in range(2000, 2008)])  # thread B
+        go.set()
+        a.join(10)
+        assert counted >= sum(r[3] for r in run_a), "a run's room was not counted between gc and its write"
+        assert d.writers.projected_bytes() <= d.capacity_bytes
+        assert all(d.index.get(r[0]) is not None for r in run_a)
+    finally:
+        d.close()
