@@ -15,7 +15,8 @@
 #   LIFEBOAT_VENV_FORCE=1    reinstall even if the stamp matches
 #   LIFEBOAT_PYTHON=/path    interpreter used to create the venv (default: python3.11, else python3>=3.10)
 #
-# Also installs Debian's libopenblas0-pthread when its libblas.so.3 is missing: MLX's Linux CPU wheel
+# Also installs Ceph's ceph-mon, ceph-osd, radosgw and ceph-common (the S3 tests' Ceph RADOS Gateway), and
+# Debian's libopenblas0-pthread when its libblas.so.3 is missing: MLX's Linux CPU wheel
 # links a reference BLAS ~30x slower for fp32 GEMM; tests/demo re-exec MLX children with
 # LD_PRELOAD=$LIFEBOAT_BLAS_PRELOAD. Never set LD_PRELOAD here: it would apply to pip, pytest, ...
 
@@ -76,6 +77,12 @@ _lb_main() {
     _lb_apt "libssl-dev" "$( [[ -e /usr/include/openssl/sha.h ]] && echo yes)"
     _lb_blas
     _lb_s3rver "$venv"
+    # Ceph (monitor, OSD, RADOS Gateway; ceph-common brings the CLI tools): the S3 tests' second server,
+    # a real distributed object store (lifeboat_cache/testing/ceph_rgw.py)
+    local pkg
+    for pkg in ceph-mon ceph-osd radosgw ceph-common; do
+        _lb_apt "$pkg" "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' && echo yes)"
+    done
 }
 
 # s3rver (npm), a second S3 implementation for the S3 fault tests, into <venv>/node. Idempotent: a

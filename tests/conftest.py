@@ -3,8 +3,11 @@
 * Under ``CI=true`` a skipped test (or a module skipped at collection, e.g. by
   ``pytest.importorskip``) fails the session, so a missing install step cannot hide behind a skip.
   ``xfail`` is not a skip and is not counted.
-* ``s3_endpoint`` (session) / ``s3_server`` (per test): moto's standalone S3 server, a real HTTP
-  server in a subprocess bound to 127.0.0.1 only. Its state is in memory: a restart starts empty.
+* ``s3_endpoint`` (session) / ``s3_server`` (per test): every S3 test runs twice, on moto's standalone
+  S3 server (``[moto]``: a real HTTP server in a subprocess on 127.0.0.1, state in memory, a restart
+  starts empty) and on a Ceph RADOS Gateway (``[ceph]``: one cluster per session, a monitor and a
+  memstore OSD, lifeboat_cache/testing/ceph_rgw.py; ``s3_server`` is a gateway of its own, whose restart
+  serves the cluster's data again). Without Ceph installed the ``[ceph]`` cases skip (under CI: fail).
 * ``blas_env``: an environment for child processes with OpenBLAS preloaded for MLX on Linux CPU.
 * Dummy AWS credentials for the whole session, and no route to any non-loopback AWS endpoint
   (instance metadata disabled, shared config/credential files ignored).
@@ -102,7 +105,7 @@ class SkipGuard:
 
 
 # --------------------------------------------------------------------------------------------
-# (b) moto standalone S3 server on loopback
+# (b) S3 servers on loopback: moto and a Ceph RADOS Gateway
 # --------------------------------------------------------------------------------------------
 
 
@@ -111,12 +114,36 @@ def _moto_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("moto")
 
 
+S3_SERVERS = ("moto", "ceph")
+
+
 @pytest.fixture(scope="session")
-def s3_endpoint(_moto_log_dir: Path):
-    """``"http://127.0.0.1:PORT"`` of a moto S3 server shared by the whole session.
+def ceph(tmp_path_factory: pytest.TempPathFactory):
+    """The session's Ceph cluster with one gateway; its start time is logged (and printed with -s)."""
+    from lifeboat_cache.testing import CephCluster, missing_binaries
+    from lifeboat_cache.testing.ceph_rgw import PACKAGES
+
+    absent = missing_binaries()
+    if absent:
+        pytest.skip(f"Ceph is not installed (missing {', '.join(absent)}): source scripts/_venv.sh as root, "
+                    f"or apt-get install -y {' '.join(PACKAGES)}")
+    cluster = CephCluster(root=tmp_path_factory.mktemp("ceph")).start()
+    print(f"\nceph: monitor, memstore OSD, gateway and account up in {cluster.start_seconds:.1f} s")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session", params=S3_SERVERS)
+def s3_endpoint(request: pytest.FixtureRequest, _moto_log_dir: Path):
+    """``"http://127.0.0.1:PORT"`` of an S3 server shared by the whole session (moto, then Ceph's gateway).
 
     Shared state: use unique bucket names per test. Do not stop this one; use ``s3_server``.
     """
+    if request.param == "ceph":
+        yield request.getfixturevalue("ceph").gateways[0].endpoint
+        return
     server = start_with_retry(_moto_log_dir)
     try:
         yield server.endpoint
@@ -125,10 +152,17 @@ def s3_endpoint(_moto_log_dir: Path):
 
 
 @pytest.fixture
-def s3_server(_moto_log_dir: Path):
-    """A dedicated moto S3 server for one test, with ``.endpoint``, ``.stop(hard=False)``,
-    ``.start()`` (same port) and ``.restart()``. Always stopped at teardown."""
-    server = start_with_retry(_moto_log_dir)
+def s3_kind(request: pytest.FixtureRequest) -> str:
+    """Which server this test's ``s3_endpoint`` / ``s3_server`` is: "moto" or "ceph"."""
+    params = request.node.callspec.params
+    return str(params.get("s3_endpoint", params.get("s3_server")))
+
+
+@pytest.fixture(params=S3_SERVERS)
+def s3_server(request: pytest.FixtureRequest, _moto_log_dir: Path):
+    """A dedicated S3 server for one test, with ``.endpoint``, ``.stop(hard=False)``, ``.start()`` (same
+    port), ``.restart()``, ``.pause()`` / ``.resume()``. Always stopped at teardown."""
+    server = request.getfixturevalue("ceph").gateway() if request.param == "ceph" else start_with_retry(_moto_log_dir)
     try:
         yield server
     finally:

@@ -27,7 +27,7 @@ FIGSIZE, DPI, FONT = (13.0, 6.0), 100, 11
 TITLES = {"ceilings": "Ceilings: what this machine can do at most", "sglang_vs_file": "LifeboatCache vs SGLang's file "
           "backend (same rep)", "sealing": "Sealed vs unsealed records (same rep)", "index_scale": "Index scaling",
           "compression": "Compression (one core, ChunkStore put / get)", "retention": "Retention in a full store",
-          "s3": "S3 tier (local moto server over HTTP)", "mlx": "MLX time to first token",
+          "s3": "S3 tier (moto and Ceph RGW on loopback, over HTTP)", "mlx": "MLX time to first token",
           "server": "SGLang CPU server: time to first token of a returning prompt"}
 
 
@@ -165,15 +165,18 @@ def _plot_compression(fig: Figure, cm: dict[str, Any]) -> None:
 
 def _plot_s3(fig: Figure, s3: dict[str, Any]) -> None:
     labels, ser, par = [], [], []
-    for lat, x in s3["latencies"].items():
+    servers = [(f"+{lat} ms latency", x) for lat, x in s3["latencies"].items()]
+    if s3.get("ceph", {}).get("write_serial_mb_s") is not None:
+        servers.append(("Ceph RGW", s3["ceph"]))
+    for name, x in servers:
         for op in ("write", "read"):
-            labels.append(f"{op}, +{lat} ms latency")
+            labels.append(f"{op}, {name}")
             a, b = x[f"{op}_serial_mb_s"], x[f"{op}_parallel_mb_s"]
             ser.append((a, a, a))
             par.append((b, b, b))
     ax = fig.add_subplot()
     _bars(ax, labels, {"1 request at a time": ser, "parallel requests": par}, "throughput, MB/s", "{:.0f}")
-    ax.set_xlabel("operation, latency added to every request")
+    ax.set_xlabel("operation, server (moto: latency added to every request)")
     ax.legend(loc="upper right")
 
 

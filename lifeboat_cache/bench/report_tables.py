@@ -128,15 +128,22 @@ def tables(res: dict[str, Any]) -> str:
     else:
         out.append(section_status(cm))
     s3 = res["sections"].get("s3")
-    out += ["", "### S3 (local moto server over HTTP; parallel / single request, promoted / first read)", ""]
+    out += ["", "### S3 (moto and Ceph RGW on loopback, over HTTP; parallel / single request, promoted / first "
+            "read)", ""]
     if section_ok(s3):
-        out += ["| added latency | write MB/s serial / parallel | read MB/s serial / parallel | first read p50 "
+        out += ["| server | write MB/s serial / parallel | read MB/s serial / parallel | first read p50 "
                 "| promoted read p50 | promoted speedup |", "|---|---|---|---|---|---|"]
-        for lat, x in s3["latencies"].items():
-            out.append(f"| {lat} ms | {x['write_serial_mb_s']:.0f} / {x['write_parallel_mb_s']:.0f} "
+        rows = [(f"moto, +{lat} ms per request", x) for lat, x in s3["latencies"].items()]
+        ceph = s3.get("ceph")
+        if section_ok(ceph):
+            rows.append((f"Ceph 16.2 RGW, memstore OSD (up in {ceph['start_s']:.0f} s)", ceph))
+        for name, x in rows:
+            out.append(f"| {name} | {x['write_serial_mb_s']:.0f} / {x['write_parallel_mb_s']:.0f} "
                        f"({x['write_ratio']:.1f}x) | {x['read_serial_mb_s']:.0f} / {x['read_parallel_mb_s']:.0f} "
                        f"({x['read_ratio']:.1f}x) | {x['first_read']['p50_ms']:.2f} ms "
                        f"| {x['promoted_read']['p50_ms']:.2f} ms | {x['promoted_speedup_p50']:.1f}x |")
+        if ceph is not None and not section_ok(ceph):
+            out += ["", "Ceph RGW: " + section_status(ceph)]
         rb = s3.get("rebuild")
         out.append("")
         out.append("S3 rebuild: " + (json.dumps({k: v for k, v in rb.items() if k != "status"})[:1500]

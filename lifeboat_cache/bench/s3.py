@@ -1,14 +1,18 @@
-"""S3 tier on a local moto server over HTTP: parallel vs single-request throughput, first vs promoted read.
+"""S3 tier over HTTP, on moto and on Ceph's RADOS Gateway: parallel vs single-request throughput, first vs
+promoted read.
 
 For each added latency (`s3_latency_ms`: moto on loopback answers in ~1 ms and is CPU-bound, a real
-endpoint has tens of ms to first byte, so both are shown), one moto server subprocess serves:
+endpoint has tens of ms to first byte, so both are shown), one moto server subprocess serves the cases
+below; then, where Ceph is installed, a one-machine Ceph cluster (a monitor, a memstore OSD and a
+gateway, lifeboat_cache.testing.ceph_rgw) serves the same cases, with no added latency (`ceph`: its start
+time, or why it was skipped):
   * write / read: one request at a time (io_workers=1, one page per call) vs `s3_io_workers` parallel
     requests (32-page batches): MB/s and the ratio parallel / serial;
   * promotion: a local tier in front of S3, on a host that has never seen the pages: the first read
     (S3 + promote to local) vs the second read (local), per-page latency, and the ratio at p50.
 Compression is off (random payload): this measures the request path. Then the S3 rebuild section of
 `lifeboat_cache.bench.s3_rebuild` (owned by the S3 tier) runs against the same server, if present.
-The server is the test kit's moto launcher (lifeboat_cache.testing.s3_server).
+The servers are the test kit's launchers (lifeboat_cache.testing).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..testing import start_with_retry
+from ..testing import CephCluster, missing_binaries, start_with_retry
 from .adapters import call_run
 from .common import pct
 from .sizes import Sizes, ints
@@ -127,4 +131,18 @@ def run(work: Path, sizes: Sizes, quick: bool) -> dict[str, Any]:
                     out["rebuild"] = {"status": "error", "error": f"{type(e).__name__}: {e}"}
         finally:
             server.stop()
+    out["ceph"] = _on_ceph(sizes, work)
     return out
+
+
+def _on_ceph(sizes: Sizes, work: Path) -> dict[str, Any]:
+    """The same cases on a Ceph gateway whose account is this process's AWS keys; skipped without Ceph."""
+    absent = missing_binaries()
+    if absent:
+        return {"status": "skipped", "reason": f"Ceph is not installed (missing {', '.join(absent)})"}
+    cluster = CephCluster(access_key=os.environ["AWS_ACCESS_KEY_ID"], secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                          root=work / "ceph").start()
+    try:
+        return {**run_one(cluster.gateways[0].endpoint, sizes, work), "start_s": cluster.start_seconds}
+    finally:
+        cluster.stop()

@@ -1,5 +1,6 @@
-"""What every server the tests launch needs from its parent: a port to listen on, and a pre-exec that ties
-the child's life to ours. Used by the moto, s3rver and SGLang launchers.
+"""What every server the tests launch needs from its parent: a port to listen on, a pre-exec that ties the
+child's life to ours, and a probe of whether it answers HTTP yet. Used by the moto, Ceph, s3rver and SGLang
+launchers.
 
 Why the port is chosen below the kernel's ephemeral range: the child binds it only seconds later (SGLang
 after loading the model), and until then the port is free, so any socket that asks the kernel for a port
@@ -17,6 +18,8 @@ import random
 import signal
 import socket
 import sys
+import urllib.error
+import urllib.request
 
 LOOPBACK = "127.0.0.1"
 PORT_RANGE = (12000, 21999)  # below SGLang's 22000-29999 and the kernel's ephemeral range (32768+ by default)
@@ -65,3 +68,19 @@ def detach_and_die_with_parent() -> None:
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
+# An opener that ignores *_PROXY variables: the probe must go straight to 127.0.0.1.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def answers_http(url: str) -> bool:
+    """Whether a server answers `url` with any HTTP status (1 s timeout, never through a proxy)."""
+    try:
+        with _DIRECT.open(url, timeout=1.0) as resp:
+            resp.read(0)
+        return True
+    except urllib.error.HTTPError:
+        return True  # any HTTP status means the server is up
+    except (urllib.error.URLError, OSError):
+        return False

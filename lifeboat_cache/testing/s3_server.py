@@ -17,11 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from .child_process import LOOPBACK, detach_and_die_with_parent, free_loopback_port
+from .child_process import LOOPBACK, answers_http, detach_and_die_with_parent, free_loopback_port
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +38,6 @@ AWS_TEST_ENV = {
 }
 
 
-# An opener that ignores *_PROXY variables: the probe must go straight to 127.0.0.1.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _answers_http(url: str) -> bool:
-    try:
-        with _DIRECT.open(url, timeout=1.0) as resp:
-            resp.read(0)
-        return True
-    except urllib.error.HTTPError:
-        return True  # any HTTP status means the server is up
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 class MotoS3Server:
     """moto's standalone server (``python -m moto.server``) in a subprocess on 127.0.0.1.
 
@@ -62,6 +45,8 @@ class MotoS3Server:
     the same port, so a client configured with ``endpoint`` keeps working. moto keeps buckets and
     objects in memory: after a restart the server is empty (recreate the bucket).
     """
+
+    keeps_data = False  # a restarted server is empty
 
     def __init__(self, port: int | None = None, log_dir: str | os.PathLike | None = None,
                  latency_ms: float = 0.0) -> None:
@@ -82,7 +67,7 @@ class MotoS3Server:
 
     def _command(self) -> list[str]:
         if self.latency_ms > 0:  # moto's app behind a fixed per-request delay (benchmarks)
-            return [sys.executable, __file__, "--serve", str(self.port), "--latency-ms", str(self.latency_ms)]
+            return [sys.executable, "-m", __name__, "--serve", str(self.port), "--latency-ms", str(self.latency_ms)]
         return [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)]
 
     def start(self, timeout: float = _SERVER_START_TIMEOUT_S) -> "MotoS3Server":
@@ -105,7 +90,7 @@ class MotoS3Server:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 break
-            if _answers_http(self.endpoint + "/moto-api/"):
+            if answers_http(self.endpoint + "/moto-api/"):
                 log.info("moto S3 server up at %s (pid %d)", self.endpoint, self._proc.pid)
                 return self
             time.sleep(0.1)
@@ -134,7 +119,7 @@ class MotoS3Server:
             proc.wait(timeout=timeout)
         # Wait for the port to stop answering so a test that just stopped it sees an outage.
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _answers_http(self.endpoint + "/moto-api/"):
+        while time.monotonic() < deadline and answers_http(self.endpoint + "/moto-api/"):
             time.sleep(0.05)
 
     def restart(self) -> "MotoS3Server":

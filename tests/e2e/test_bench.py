@@ -20,6 +20,7 @@ from lifeboat_cache.bench import SECTIONS
 from lifeboat_cache.bench.common import drop_page_cache, resident_pages
 from lifeboat_cache.bench.report_plots import PLOTS
 from lifeboat_cache.bench.sizes import QUICK, make
+from lifeboat_cache.testing import missing_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNED_ELSEWHERE = {"index_scale"}  # lazy adapters: "not available" until their module lands
@@ -86,6 +87,11 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
     s3 = res["sections"]["s3"]["latencies"]["0"]
     assert s3["misses"] == 0 and s3["promotions"] > 0
     assert res["sections"]["s3"]["rebuild"]["status"] in {"ok", "not available"}  # lazy adapter
+    ceph = res["sections"]["s3"]["ceph"]  # the same cases on Ceph's gateway, where Ceph is installed
+    if missing_binaries():
+        assert ceph["status"] == "skipped" and "Ceph is not installed" in ceph["reason"]
+    else:
+        assert ceph["misses"] == 0 and ceph["promotions"] > 0 and ceph["start_s"] > 0, ceph
     m = res["sections"]["mlx"]["prompts"][0]
     assert m["tokens_identical"] and m["restored_cached_tokens"] == m["restorable_tokens"]
     sv = res["sections"]["server"]

@@ -1,4 +1,5 @@
-"""The S3 tier against a real S3 protocol server: moto's standalone server on loopback, over HTTP.
+"""The S3 tier against real S3 protocol servers on loopback, over HTTP: moto's standalone server and a Ceph
+RADOS Gateway (every test that takes `s3_endpoint` or `s3_server` runs on both; tests/conftest.py).
 
 The conformance suite runs on the session server (`s3_endpoint`); the failure stories get their own
 server (`s3_server`) so they can kill, pause and restart it.
@@ -10,6 +11,7 @@ import logging
 import time
 import uuid
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -186,12 +188,15 @@ def test_server_killed_mid_run_is_misses_then_hits_again(s3_server, caplog) -> N
         assert c.get("write_errors", 0) + c.get("writes_dropped_cooldown", 0) == 10
         assert st.count_leading_hits(NS, ks) == 0  # the tier is cooling down: exists skips it, no network
 
-        s3_server.start()  # back on the same port, empty (moto keeps data in memory)
+        s3_server.start()  # back on the same port: moto empty (its state was in memory), a gateway not
         boto3.client("s3", endpoint_url=ep).create_bucket(Bucket=bucket)
         time.sleep(0.7)  # the cooldown ends
-        assert read_back(st, ks, ps) == [False] * 20  # the old objects are gone: stale misses...
-        assert st.counters.get("miss_stale") >= 1
-        assert st.count_leading_hits(NS, ks) == 0  # ...and dropped from the index
+        if s3_server.keeps_data:
+            assert all(read_back(st, ks, ps))  # the objects outlived their gateway: hits again
+        else:
+            assert read_back(st, ks, ps) == [False] * 20  # the old objects are gone: stale misses...
+            assert st.counters.get("miss_stale") >= 1
+            assert st.count_leading_hits(NS, ks) == 0  # ...and dropped from the index
         assert wait_for(lambda: all(st.put(NS, new_ks, new_ps)), timeout=5)
         assert all(read_back(st, new_ks, new_ps))  # hits again
         assert st.verify() == []
@@ -259,6 +264,33 @@ def test_two_hosts_share_one_prefix(s3_endpoint: str) -> None:
         b.close()
 
 
+def test_two_hosts_through_two_gateways_of_one_cluster(ceph) -> None:
+    """Ceph only: each host talks to its own gateway of one cluster. Each serves the other's pages byte
+    for byte; objects another host deletes (its eviction) are misses here, never errors."""
+    g1, g2 = ceph.gateways[0], ceph.gateway()
+    bucket = new_bucket(g1.endpoint)
+    a = ChunkStore.open(s3_settings(g1.endpoint, bucket), background=False)
+    b = ChunkStore.open(s3_settings(g2.endpoint, bucket), background=False)
+    try:
+        ka, pa = keys(10, "a"), pages(10, seed=17)
+        kb, pb = keys(10, "b"), pages(10, seed=18)
+        c = boto3.client("s3", endpoint_url=g2.endpoint)
+        assert all(a.put(NS, ka, pa))
+        mine = [o["Key"] for o in c.list_objects_v2(Bucket=bucket, Prefix="cache/o/")["Contents"]
+                if o["Key"].endswith(OBJECT_SUFFIX)]  # a's, listed through the other gateway
+        assert mine and all(b.put(NS, kb, pb))
+        assert wait_for(lambda: b.count_leading_hits(NS, ka) == 10 and a.count_leading_hits(NS, kb) == 10, timeout=10)
+        assert all(read_back(b, ka, pa)) and all(read_back(a, kb, pb))
+        c.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in mine]})  # b's host evicts a's
+        assert read_back(a, ka, pa) == [False] * 10  # misses, no exception
+        assert a.counters.get("miss_stale") >= 1 and a.count_leading_hits(NS, ka) == 0
+        assert all(read_back(a, kb, pb)) and a.verify() == []
+    finally:
+        a.close()
+        b.close()
+        g2.stop()
+
+
 def test_capacity_is_enforced_across_restarts(s3_endpoint: str) -> None:
     bucket = new_bucket(s3_endpoint)
     entry = s3_entry(s3_endpoint, bucket, capacity="256KiB")
@@ -301,3 +333,18 @@ def test_read_only_open_never_evicts_or_writes(s3_endpoint: str) -> None:
         assert st.wait_rebuilt(10)
         assert wait_for(lambda: st.tiers[0].usage_bytes() <= 64 << 10, timeout=10)
     assert len(objects()) < len(before)
+
+
+def test_the_benchs_delayed_moto_server_starts_and_delays_every_request(tmp_path: Path) -> None:
+    """`lifeboat bench --only s3` models a remote store with moto behind a fixed per-request delay."""
+    from lifeboat_cache.testing import start_with_retry
+
+    server = start_with_retry(tmp_path, latency_ms=30)
+    try:
+        c = boto3.client("s3", endpoint_url=server.endpoint)
+        c.create_bucket(Bucket="delayed")
+        t0 = time.perf_counter()
+        c.list_objects_v2(Bucket="delayed")
+        assert time.perf_counter() - t0 >= 0.03
+    finally:
+        server.stop()

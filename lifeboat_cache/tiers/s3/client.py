@@ -39,6 +39,11 @@ DELETE_BATCH_KEYS = 1000  # DeleteObjects maximum
 STALE_CODES = frozenset({"NoSuchKey", "404", "InvalidRange", "416"})
 # DeleteObjects refused (ONTAP S3 before 9.11.1 answers NotImplemented): delete one key at a time
 NO_MULTI_DELETE_CODES = frozenset({"NotImplemented", "501", "MethodNotAllowed", "405"})
+# a PUT refused for the tier's options: Ceph RGW answers these to sse without its KMS (or over plain
+# HTTP) and to a storage class its placement does not define, where AWS accepts both
+REFUSED_OPTION_CODES = frozenset({"InvalidArgument", "InvalidRequest", "InvalidStorageClass",
+                                  "InvalidEncryptionAlgorithmError", "KMS.NotFoundException", "NotImplemented"})
+PUT_OPTION_NAMES = {"ServerSideEncryption": "sse", "SSEKMSKeyId": "sse_kms_key_id", "StorageClass": "storage_class"}
 
 
 class S3Error(OSError):
@@ -164,7 +169,7 @@ class S3Client:
         if isinstance(e, ClientError):
             err = e.response.get("Error", {})
             code = str(err.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-            text = f"{what}: {code} {err.get('Message', '')}"
+            text = f"{what}: {code} {err.get('Message') or ''}"
             return S3Error(code, self.scrub(text.strip() if strip else text))
         # transport: timeouts, refused connections, closed streams
         return S3Error("", self.scrub(f"{what}: {type(e).__name__}: {e}"))
@@ -215,7 +220,16 @@ class S3Client:
 
     def put(self, key: str, body: bytes, background: bool = False) -> None:
         """One PutObject, with the tier's encryption and storage-class options."""
-        self.call("put_object", background=background, Bucket=self.bucket, Key=key, Body=body, **self.put_extra)
+        try:
+            self.call("put_object", background=background, Bucket=self.bucket, Key=key, Body=body, **self.put_extra)
+        except S3Error as e:
+            if e.code not in REFUSED_OPTION_CODES or not self.put_extra:
+                raise
+            opts = ", ".join(f"{PUT_OPTION_NAMES[k]}: {v}" for k, v in self.put_extra.items())
+            raise S3Error(e.code, f"{e.strerror} (this tier sets {opts} and the server refused the PUT: remove "
+                                  f"them from the tier in lifeboat.yaml, or set the server up for them; Ceph RGW "
+                                  f"needs HTTPS and a KMS for sse, and knows only the storage classes of its "
+                                  f"placement: docs/storage.md, 'Ceph RGW')") from None
 
     def delete(self, keys: list[str]) -> set[str]:
         """Delete keys (DeleteObjects, or one DeleteObject each where refused); returns keys not deleted."""

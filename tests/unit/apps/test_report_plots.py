@@ -62,7 +62,9 @@ def _results(quick: bool) -> dict[str, Any]:
              "lifeboat": {"hit_rate": 0.5 * f + 0.4}, "file": {"hit_rate": 0.5 * f + 0.38}}
             for t in ("hot_set", "zipf", "multi_turn") for f in (0.1, 0.25, 0.5)]},
         "s3": {"latencies": {str(lat): {"write_serial_mb_s": 65.0, "write_parallel_mb_s": 187.0,
-                                        "read_serial_mb_s": 79.0, "read_parallel_mb_s": 91.0} for lat in (0, 20)}},
+                                        "read_serial_mb_s": 79.0, "read_parallel_mb_s": 91.0} for lat in (0, 20)},
+               "ceph": {"write_serial_mb_s": 40.0, "write_parallel_mb_s": 120.0, "read_serial_mb_s": 60.0,
+                        "read_parallel_mb_s": 150.0}},
         "mlx": {"prompts": [{"prompt_tokens": n, "recompute_ttft_s": n * 1e-3, "restored_ttft_s": n * 1e-4,
                              "memory_hit_ttft_s": n * 1e-4} for n in (512, 2048, 8192)]},
         "server": {"prompts": [{"tokens": n, "recompute_s": n * 5e-3, "lifeboat_restored_s": 0.1 + n * 1e-4,
