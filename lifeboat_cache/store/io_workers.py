@@ -178,7 +178,10 @@ class IoWorkers:
         with self._lock:
             now = time.monotonic()
             stuck = sum(1 for t in self._started.values() if now - t > self.stuck_s)
-            spawn = self._idle == 0 and self._threads < min(self.max_workers, self.workers + stuck)
+            # one more thread while the queued tasks outnumber the idle threads (an idle thread that has
+            # not taken its task yet still counts as idle: a burst submitted to one idle thread would
+            # otherwise run on it alone, one task after another)
+            spawn = self._q.qsize() > self._idle and self._threads < min(self.max_workers, self.workers + stuck)
             if self._idle > 0:
                 self._capped.reset("capped")
             if spawn:

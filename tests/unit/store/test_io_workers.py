@@ -20,6 +20,19 @@ def test_big_batch_on_healthy_work_never_grows_the_pool() -> None:
     pool.shutdown()
 
 
+def test_a_burst_after_a_quiet_spell_runs_on_every_worker() -> None:
+    """One thread idle from an earlier call: a burst of tasks that each wait for all the others must
+    get its own threads (taken one after another by the idle thread, it would never finish)."""
+    pool = IoWorkers(4, max_workers=8, counters=Counters(), stuck_s=5.0)
+    pool.run_until(lambda i: i, [0], time.monotonic() + 5, Gate(1), 0.1)
+    assert pool.threads == 1
+    together = threading.Barrier(4, timeout=3)
+    futs, late = pool.run_until(lambda i: together.wait() >= 0, list(range(4)), time.monotonic() + 5, Gate(4), 0.1)
+    assert late == [] and all(f.result() for f in futs), "the burst ran on fewer threads than workers"
+    assert pool.threads == 4
+    pool.shutdown()
+
+
 def test_stuck_threads_are_replaced_up_to_the_bound_and_counted() -> None:
     counters = Counters()
     pool = IoWorkers(2, max_workers=4, counters=counters, stuck_s=0.1)
