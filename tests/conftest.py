@@ -117,9 +117,18 @@ def _moto_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 S3_SERVERS = ("moto", "ceph")
 
 
+CEPH_START_S = pytest.StashKey[float]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    if CEPH_START_S in config.stash:
+        terminalreporter.write_line(f"ceph: monitor, memstore OSD, gateway and account up in "
+                                    f"{config.stash[CEPH_START_S]:.1f} s (once per session)")
+
+
 @pytest.fixture(scope="session")
-def ceph(tmp_path_factory: pytest.TempPathFactory):
-    """The session's Ceph cluster with one gateway; its start time is logged (and printed with -s)."""
+def ceph(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config):
+    """The session's Ceph cluster with one gateway; its start time is in the run's summary."""
     from lifeboat_cache.testing import CephCluster, missing_binaries
     from lifeboat_cache.testing.ceph_rgw import PACKAGES
 
@@ -128,7 +137,7 @@ def ceph(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip(f"Ceph is not installed (missing {', '.join(absent)}): source scripts/_venv.sh as root, "
                     f"or apt-get install -y {' '.join(PACKAGES)}")
     cluster = CephCluster(root=tmp_path_factory.mktemp("ceph")).start()
-    print(f"\nceph: monitor, memstore OSD, gateway and account up in {cluster.start_seconds:.1f} s")
+    pytestconfig.stash[CEPH_START_S] = cluster.start_seconds
     try:
         yield cluster
     finally:

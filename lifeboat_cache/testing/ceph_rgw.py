@@ -21,6 +21,7 @@ installs them.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .child_process import LOOPBACK, answers_http, free_loopback_port
+from .child_process import LOOPBACK, answers_http, detach_and_die_with_parent, free_loopback_port
 from .s3_server import AWS_TEST_ENV
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ PACKAGES = ("ceph-mon", "ceph-osd", "radosgw")
 BINARIES = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "monmaptool", "ceph-authtool")
 ACCESS_KEY, SECRET_KEY = AWS_TEST_ENV["AWS_ACCESS_KEY_ID"], AWS_TEST_ENV["AWS_SECRET_ACCESS_KEY"]
 START_TIMEOUT_S = 120.0
+# daemons die with us by SIGKILL: an OSD whose monitor is gone ignores SIGTERM for minutes, and memstore
+# has nothing to flush
+_KILLED_WITH_PARENT = functools.partial(detach_and_die_with_parent, signal.SIGKILL)
 # what the gateways are set up for beyond a bare install, so the tier's put options work as on AWS: the
 # `testing` KMS backend with one key (sse: aws:kms, sse_kms_key_id: KMS_KEY_ID; plain HTTP allowed), and a
 # second storage class in the default placement
@@ -203,7 +207,7 @@ class CephCluster:
         out = open(self.root / "log" / f"{name}.out", "wb")
         with out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=self.env, preexec_fn=_killed_with_parent)
+                                    env=self.env, preexec_fn=_KILLED_WITH_PARENT)
         self._daemons[name] = proc
         return proc
 
@@ -283,16 +287,6 @@ class Gateway:
 
     def __repr__(self) -> str:
         return f"Gateway({self.name}, {self.endpoint}, running={self.running})"
-
-
-def _killed_with_parent() -> None:
-    """Daemon pre-exec: own session, and SIGKILL when the parent dies (an OSD whose monitor is gone
-    ignores SIGTERM for minutes; memstore has nothing to flush)."""
-    os.setsid()
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
 def _end(proc: subprocess.Popen, hard: bool, timeout: float = 20.0) -> None:

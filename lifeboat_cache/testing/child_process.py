@@ -59,15 +59,15 @@ def free_loopback_port(attempts: int = 64) -> int:
         return s.getsockname()[1]
 
 
-def detach_and_die_with_parent() -> None:
+def detach_and_die_with_parent(death_signal: int = signal.SIGTERM) -> None:
     """Child pre-exec: own session (a Ctrl-C to pytest does not race our shutdown), and on Linux
-    SIGTERM when the parent dies, so a killed test run never leaves a server behind."""
+    `death_signal` when the parent dies, so a killed test run never leaves a server behind."""
     os.setsid()
     if sys.platform.startswith("linux"):
         import ctypes
 
         pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, death_signal, 0, 0, 0)
 
 
 # An opener that ignores *_PROXY variables: the probe must go straight to 127.0.0.1.

@@ -247,21 +247,26 @@ def test_second_server_gets_the_prefix_from_the_shared_tier_and_from_s3(model: P
             assert got.output_ids == cold.output_ids
             b.wait_metric("lifeboat_pages_read_total", pages - 1, timeout=30)
             assert tier_reads(b, "nfs") >= whole_pages(len(ids)) // PAGE
-    c = server(model, tmp_path, "c", c_cfg)
-    # The port taken before SGLang binds it, as in a CI run where a socket of another process got it first
-    # (one that accepts and never answers HTTP): the launcher must notice and relaunch on another port.
-    taken = c.port
-    with socket.socket() as squatter:
-        squatter.bind((LOOPBACK, taken))
-        squatter.listen()
-        c.start()
-    assert c.port != taken and "address already in use" in c.log_path.read_text(errors="replace")
-    with c:
-        got = c.generate(ids, NEW_TOKENS)
-        assert got.storage_tokens == whole_pages(len(ids)), got.cached_details
-        assert got.output_ids == cold.output_ids
-        c.wait_metric("lifeboat_pages_read_total", pages - 1, timeout=30)
-        assert tier_reads(c, "s3") >= whole_pages(len(ids)) // PAGE
+        c = server(model, tmp_path, "c", c_cfg)  # while A still runs: two servers on one bucket
+        # The port taken before SGLang binds it, as in a CI run where a socket of another process got it
+        # first (one that accepts and never answers HTTP): the launcher must notice and relaunch elsewhere.
+        taken = c.port
+        with socket.socket() as squatter:
+            squatter.bind((LOOPBACK, taken))
+            squatter.listen()
+            c.start()
+        assert c.port != taken and "address already in use" in c.log_path.read_text(errors="replace")
+        with c:  # and a `lifeboat gc` of A's store beside both
+            gc = subprocess.Popen([sys.executable, "-m", "lifeboat_cache.cli", "gc", "--config", str(a_cfg)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            got = c.generate(ids, NEW_TOKENS)
+            assert got.storage_tokens == whole_pages(len(ids)), got.cached_details
+            assert got.output_ids == cold.output_ids
+            c.wait_metric("lifeboat_pages_read_total", pages - 1, timeout=30)
+            assert tier_reads(c, "s3") >= whole_pages(len(ids)) // PAGE
+            out, _ = gc.communicate(timeout=120)
+            assert gc.returncode == 0, out
+        assert a.generate(ids, NEW_TOKENS).output_ids == cold.output_ids  # A unharmed by C and the gc
 
 
 # ------------------------------------------------------------------------------------------------
