@@ -33,7 +33,8 @@ import time
 import uuid
 from pathlib import Path
 
-from .child_process import LOOPBACK, answers_http, detach_and_die_with_parent, free_loopback_port
+from .child_process import (
+    LOOPBACK, answers_http, detach_and_die_with_parent, end_process_group, free_loopback_port, wait_until_silent)
 from .s3_server import AWS_TEST_ENV
 
 log = logging.getLogger(__name__)
@@ -188,8 +189,8 @@ class CephCluster:
             gw.stop(hard=True)
         for name in ("osd.0", "mon.a"):
             proc = self._daemons.pop(name, None)
-            if proc is not None:
-                _end(proc, hard=True)  # memstore: nothing to flush, and an OSD without its monitor hangs
+            if proc is not None:  # killed: memstore has nothing to flush, and an OSD without its monitor hangs
+                end_process_group(proc, hard=True, timeout=20.0)
         shutil.rmtree(self.root, ignore_errors=True)
 
     # ------------------------------------------------------------------ helpers
@@ -259,7 +260,6 @@ class Gateway:
         c = self.cluster
         self._proc = c._daemon(self.name, "radosgw", "-f", "-n", self.name,
                                "--rgw-frontends", f"beast endpoint={LOOPBACK}:{self.port} tcp_nodelay=1")
-        c._daemons[self.name] = self._proc
         c._wait(lambda: answers_http(self.endpoint + "/"), time.monotonic() + timeout, self.name)
         return self
 
@@ -267,10 +267,8 @@ class Gateway:
         proc, self._proc = self._proc, None
         self.cluster._daemons.pop(self.name, None)
         if proc is not None:
-            _end(proc, hard)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and answers_http(self.endpoint + "/"):
-            time.sleep(0.05)
+            end_process_group(proc, hard, timeout=20.0)
+        wait_until_silent(self.endpoint + "/", timeout=10.0)
 
     def restart(self) -> "Gateway":
         self.stop()
@@ -287,19 +285,3 @@ class Gateway:
 
     def __repr__(self) -> str:
         return f"Gateway({self.name}, {self.endpoint}, running={self.running})"
-
-
-def _end(proc: subprocess.Popen, hard: bool, timeout: float = 20.0) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL if hard else signal.SIGTERM)
-        if not hard:
-            os.killpg(proc.pid, signal.SIGCONT)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=timeout)

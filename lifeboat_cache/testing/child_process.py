@@ -13,13 +13,18 @@ its own later-bound port (the torch distributed store) in 22000-29999 for the sa
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
 import socket
+import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
+
+log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 PORT_RANGE = (12000, 21999)  # below SGLang's 22000-29999 and the kernel's ephemeral range (32768+ by default)
@@ -68,6 +73,33 @@ def detach_and_die_with_parent(death_signal: int = signal.SIGTERM) -> None:
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, death_signal, 0, 0, 0)
+
+
+def end_process_group(proc: subprocess.Popen, hard: bool, timeout: float) -> None:
+    """End a launched server's process group: SIGKILL (`hard`, like a crash), or SIGTERM with a SIGCONT
+    (a paused server must wake up to exit) and SIGKILL if it is still there after `timeout`."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL if hard else signal.SIGTERM)
+        if not hard:
+            os.killpg(proc.pid, signal.SIGCONT)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("server pid %d ignored SIGTERM; killing", proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout)
+
+
+def wait_until_silent(url: str, timeout: float) -> None:
+    """Wait (up to `timeout`) for a stopped server's port to stop answering, so that a test that just
+    stopped it sees an outage."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and answers_http(url):
+        time.sleep(0.05)
 
 
 # An opener that ignores *_PROXY variables: the probe must go straight to 127.0.0.1.

@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .child_process import LOOPBACK, answers_http, detach_and_die_with_parent, free_loopback_port
+from .child_process import (
+    LOOPBACK, answers_http, detach_and_die_with_parent, end_process_group, free_loopback_port, wait_until_silent)
 
 log = logging.getLogger(__name__)
 
@@ -105,22 +106,8 @@ class MotoS3Server:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL if hard else signal.SIGTERM)
-            if not hard:
-                os.killpg(proc.pid, signal.SIGCONT)  # a paused server must wake up to exit
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("moto server pid %d ignored SIGTERM; killing", proc.pid)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=timeout)
-        # Wait for the port to stop answering so a test that just stopped it sees an outage.
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and answers_http(self.endpoint + "/moto-api/"):
-            time.sleep(0.05)
+        end_process_group(proc, hard, timeout)
+        wait_until_silent(self.endpoint + "/moto-api/", timeout)
 
     def restart(self) -> "MotoS3Server":
         self.stop()
