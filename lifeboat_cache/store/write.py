@@ -6,7 +6,8 @@ encoding, `WritePath.encode`), hands them to a *sink*, offers what the sink stor
 counts it (`_count`). What differs between tiers is only the grouping and the sink:
 
 - a first tier that writes runs (RecordRuns: local, nfs): up to WRITE_RUNS groups, one `write_some`
-  each (one reservation, pwritev and index insert), sealed records built in the task's arena buffer;
+  each (one reservation, pwritev and index insert), sealed or compressed records built in the task's
+  arena buffer (then runs of at most ARENA_RUN_BYTES);
 - a first tier that stores batches (S3): the pages are encoded one task each first (kept), then
   written as a few multi-page objects (`write_many`, one PUT each) by a second round;
 - any other tier: one page per group, one `write` each;
@@ -36,6 +37,12 @@ BATCH_WRITE_RECORDS = 256  # pages per object when the first tier stores batches
 # insert (writes) or coalesced preadvs
 # (reads): per-record costs dominate small pages (a small model's page is 2 x layers blocks of KiBs)
 WRITE_RUNS = 4
+# ...and a run whose records are built in the io task's arena (sealed or compressed) holds at most this
+# many bytes of pages, so the arena's buffers stay this size and are reused call after call. A quarter
+# of a call (48 MiB for 64 pages of 768 KiB) took fresh memory on every call, and fresh memory costs a
+# fault per 4 KiB on a VM that hands freed pages back to its host: sealed writes spent 0.3-1.9 kernel
+# s/GB more than unsealed ones (docs/storage.md, "What sealing costs")
+ARENA_RUN_BYTES = 8 << 20
 
 #: one encoded page: (index key, digest, header, payload parts, record length)
 Encoded = tuple[int, bytes, bytes, list[object], int]
@@ -51,6 +58,21 @@ def _owned(parts: Sequence[object], pieces: Sequence[np.ndarray]) -> list[object
         return isinstance(p, np.ndarray) and any(np.may_share_memory(p, q) for q in pieces)
 
     return [bytes(p) if views_page(p) else p for p in parts]  # type: ignore[call-overload]
+
+
+def within_bytes(group: list[int], views: list[tuple[list[np.ndarray], int, int]], limit: int) -> list[list[int]]:
+    """group cut into runs of adjacent pages holding at most `limit` bytes of pages each (a larger
+    page is a run of its own)."""
+    runs: list[list[int]] = []
+    held = limit
+    for i in group:
+        size = sum(p.nbytes for p in views[i][0])
+        if held + size > limit:
+            runs.append([])
+            held = 0
+        runs[-1].append(i)
+        held += size
+    return runs
 
 
 class WritePath:
@@ -131,6 +153,8 @@ class WritePath:
                               affinity, own=False, t_end=t_end)
         elif isinstance(tier, RecordRuns):
             groups = chunks(todo, WRITE_RUNS)
+            if self.ctx.sealer.active or self.ctx.compress:
+                groups = [run for g in groups for run in within_bytes(g, views, ARENA_RUN_BYTES)]
             wrote = self._run(ns, groups, encoder(tier.shared, self.ctx.calls.arena.take),
                               self._write_some(tier, affinity), affinity, own=tier.shared, t_end=t_end)
         else:

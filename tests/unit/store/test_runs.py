@@ -344,3 +344,28 @@ def test_write_calls_of_a_run_stay_within_the_tier_bound(tmp_path, monkeypatch, 
         monkeypatch.setattr(os, "pwritev", real)
         assert all(read_back(st, ks, ps))
     assert sizes and max(sizes) <= limit and sum(sizes) >= 7 * (768 << 10)
+
+
+@pytest.mark.parametrize("built", ["sealed", "zstd"])
+def test_records_built_in_the_arena_are_written_in_runs_that_keep_its_buffers_small(tmp_path, monkeypatch, built):
+    """Sealed or compressed records are built in the io task's arena: a put's runs then hold at most
+    ARENA_RUN_BYTES of pages, so the arena's buffers stay that size and are reused by the next call.
+    Runs of a quarter of the call took buffers of 32-64 MiB, and fresh memory on every call."""
+    from lifeboat_cache.store import io_workers
+    from support.sealed import encryption, make_key
+
+    monkeypatch.setattr(io_workers, "_FREE", [])
+    doc = {"storage": [{"type": "local", "path": str(tmp_path / "s"), "capacity": "1GiB"}],
+           "engine": {"io_workers": 4}}
+    if built == "sealed":
+        doc["encryption"] = encryption(make_key(tmp_path))
+    else:
+        doc["storage"][0]["compression"] = "zstd"
+    ps = [np.ascontiguousarray(np.tile(page(i, 4096), 48)) for i in range(64)]  # 64 pages of 768 KiB: 48 MiB
+    with ChunkStore.open(settings_from_dict(doc), background=False) as st:
+        for rnd in range(2):
+            ks = keys(64, f"r{rnd}-")
+            assert all(st.put(NS, ks, ps))
+            assert all(read_back(st, ks, ps))
+    largest = max(b.nbytes for b in io_workers._FREE)
+    assert largest <= 2 * store_write.ARENA_RUN_BYTES, f"an arena buffer of {largest >> 20} MiB"
