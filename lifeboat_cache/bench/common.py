@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import platform
@@ -86,6 +87,35 @@ def pct(xs: Iterable[float]) -> dict[str, float]:
     if a.size == 0:
         return {}
     return {f"p{q}_ms": float(np.percentile(a, q)) for q in (50, 90, 99)} | {"max_ms": float(a.max())}
+
+
+def available_bytes() -> int:
+    """MemAvailable of /proc/meminfo (what SGLang's host-pool check reads), 0 when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def release_memory() -> float:
+    """Hand what this process freed back to the system (a collection, then glibc's malloc_trim), and
+    return its resident GiB after. Why: the server sections start SGLang processes whose host-pool check
+    wants free memory, and heap the earlier sections freed stays with this process until trimmed."""
+    gc.collect()
+    try:
+        _c().malloc_trim(0)
+    except AttributeError:  # not glibc
+        pass
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
 
 
 # ------------------------------------------------------------------------------ the page cache

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .common import drop_page_cache, log
+from .common import available_bytes, drop_page_cache, log
 from .sizes import Sizes, ints
 
 PAGE_TOKENS = 64  # cpu_flags' --page-size
@@ -132,17 +132,6 @@ def wait_log(path: Path, pattern: re.Pattern[str], timeout: float = 120.0) -> Op
         if found or time.monotonic() >= deadline:
             return found[-1] if found else None
         time.sleep(0.2)
-
-
-def available_bytes() -> int:
-    """MemAvailable of /proc/meminfo (what SGLang's host-pool check reads), 0 when unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def start(srv: Any) -> None:
