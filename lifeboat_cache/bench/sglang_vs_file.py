@@ -13,7 +13,8 @@ Per rep and contender (the order rotates every rep), in a fresh sibling director
           read everything back (and compare the bytes);
   warm    read everything again (page cache: the software path).
 A `sync` precedes each timed phase, so no dirty backlog of one contender lands on the other, and a
-`gc.collect(); gc.freeze()`, so no full collection of the long-lived objects lands inside a phase.
+`gc.collect(); gc.freeze()`, so no full collection of the long-lived objects lands inside a phase
+(unfrozen again before the next collection and when a case ends, so its pools are freed).
 Figures: GB/s of raw page bytes and process CPU seconds per GB, medians over reps with (min, max), and
 the per-rep ratio LifeboatCache / file (ratios are of the same rep).
 """
@@ -163,8 +164,11 @@ def page_bytes_of(host: Any, slot: int) -> bytes:
 
 def _settle() -> None:
     """Before a timed phase: no dirty backlog of the other contender (sync), and no full garbage
-    collection of the interpreter's millions of long-lived objects (torch, SGLang) inside the phase."""
+    collection of the interpreter's millions of long-lived objects (torch, SGLang) inside the phase.
+    What the last freeze kept is collectable again first: frozen objects are never collected, and a
+    case's pools (2-3 GiB at the full sizes) sit in reference cycles."""
     os.sync()
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
 
@@ -240,6 +244,7 @@ def compare_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes, r
         other = sides[1] if numerator == sides[0] else sides[0]
         for p in PHASES:
             ratio[p].add(this[(numerator, p)] / this[(other, p)])
+    gc.unfreeze()  # this case's pools and controllers become collectable once it returns
     return {
         "shape": shape, "layout": layout, "kind": kind,
         "page_bytes": page_bytes, "pages": n_pages, "batch_pages": batch, "reps": sizes.reps,

@@ -119,8 +119,11 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         if self.trace:
             trace_calls(self, TRACE_LINES, log)
         self._closed = False
-        # runs in SGLang's scheduler process (a multiprocessing child) when it exits, and in a main process
-        mp_util.Finalize(None, self.close, kwargs={"copy_timeout_s": EXIT_COPY_TIMEOUT_S}, exitpriority=10)
+        # runs in SGLang's scheduler process (a multiprocessing child) when it exits, and in a main process;
+        # cancelled by close(): the hook holds this backend, and SGLang's runtime detach drops a closed
+        # backend expecting it (its store, index and the host pool's views) to be freed
+        self._at_exit = mp_util.Finalize(None, self.close, kwargs={"copy_timeout_s": EXIT_COPY_TIMEOUT_S},
+                                         exitpriority=10)
         log.info("lifeboat: HiCache L3 backend (tp %d/%d, pp %d/%d, %s, %s) on %s",
                  storage_config.tp_rank, storage_config.tp_size, storage_config.pp_rank,
                  storage_config.pp_size, "MLA" if storage_config.is_mla_model else "MHA",
@@ -372,6 +375,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
         if self._closed:
             return
         self._closed = True
+        self._at_exit.cancel()  # safe when it is the hook that runs this close
         try:
             if copy_timeout_s is None:
                 self.store.flush()
