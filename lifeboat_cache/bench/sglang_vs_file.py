@@ -165,8 +165,8 @@ def page_bytes_of(host: Any, slot: int) -> bytes:
 def _settle() -> None:
     """Before a timed phase: no dirty backlog of the other contender (sync), and no full garbage
     collection of the interpreter's millions of long-lived objects (torch, SGLang) inside the phase.
-    What the last freeze kept is collectable again first: frozen objects are never collected, and a
-    case's pools (2-3 GiB at the full sizes) sit in reference cycles."""
+    What the last freeze kept is collectable again first: frozen objects are never collected, so
+    garbage in reference cycles (a case's controllers and what they hold) would outlive its case."""
     os.sync()
     gc.unfreeze()
     gc.collect()

@@ -41,7 +41,7 @@ WRITE_RUNS = 4
 # many bytes of pages, so the arena's buffers stay this size and are reused call after call. A quarter
 # of a call (48 MiB for 64 pages of 768 KiB) took fresh memory on every call, and fresh memory costs a
 # fault per 4 KiB on a VM that hands freed pages back to its host: sealed writes spent 0.3-1.9 kernel
-# s/GB more than unsealed ones (docs/storage.md, "What sealing costs")
+# s/GB more than unsealed ones (docs/storage.md, "Sealed records": its cost)
 ARENA_RUN_BYTES = 8 << 20
 
 #: one encoded page: (index key, digest, header, payload parts, record length)
