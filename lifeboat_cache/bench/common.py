@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from ..index import trim_heap
+
 log = logging.getLogger("lifeboat.bench")
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -100,22 +102,19 @@ def available_bytes() -> int:
     return 0
 
 
-def release_memory() -> float:
-    """Hand what this process freed back to the system (a collection, then glibc's malloc_trim), and
-    return its resident GiB after. Why: the server sections start SGLang processes whose host-pool check
+def rss_bytes() -> int:
+    """This process's resident bytes now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def release_memory() -> int:
+    """Hand what this process freed back to the system (a collection, then the index's trim_heap), and
+    return its resident bytes after. Why: the server sections start SGLang processes whose host-pool check
     wants free memory, and heap the earlier sections freed stays with this process until trimmed."""
     gc.collect()
-    try:
-        _c().malloc_trim(0)
-    except AttributeError:  # not glibc
-        pass
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 2**20
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0.0
+    trim_heap()
+    return rss_bytes()
 
 
 # ------------------------------------------------------------------------------ the page cache

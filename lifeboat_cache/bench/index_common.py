@@ -1,9 +1,8 @@
 """What the index benchmarks share (`index_scale`, `index_reopen`, `index_store`): the lookup batch and
-the writer's pace, this process's resident memory (current and peak), percentiles and tables."""
+the writer's pace, this process's peak resident memory, percentiles and tables."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -12,11 +11,6 @@ BATCH = 300          # keys per lookup (a long prompt's pages in one batch_exist
 WRITER_BATCH = 32
 WRITER_PAUSE_S = 0.0002
 READER_PAUSE_S = 0.0005
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def reset_peak_rss() -> bool:

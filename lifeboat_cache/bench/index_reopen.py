@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .index_common import BATCH, md_table, peak_rss_bytes, reset_peak_rss, rss_bytes
+from .common import rss_bytes
+from .index_common import BATCH, md_table, peak_rss_bytes, reset_peak_rss
 
 
 PER_UNIT = 4096       # records per synthetic sealed segment in the reopen measurement

@@ -39,9 +39,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .common import rss_bytes
 from .index_common import (
-    BATCH, READER_PAUSE_S, WRITER_BATCH, WRITER_PAUSE_S, md_table, peak_rss_bytes, percentiles_ms, reset_peak_rss,
-    rss_bytes)
+    BATCH, READER_PAUSE_S, WRITER_BATCH, WRITER_PAUSE_S, md_table, peak_rss_bytes, percentiles_ms, reset_peak_rss)
 from .index_reopen import PER_UNIT, measure_reopen, reopen_table
 from .index_store import STORE_PAGE, measure_store, store_table
 

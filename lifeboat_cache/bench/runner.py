@@ -26,7 +26,7 @@ def _section(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         log.error("section %s failed: %s", name, e)
         out = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
     out["elapsed_s"] = time.perf_counter() - t
-    out["bench_rss_gib_after"] = round(release_memory(), 2)
+    out["bench_rss_gib_after"] = round(release_memory() / 2**30, 2)
     out["mem_available_gib_after"] = round(available_bytes() / 2**30, 2)
     log.info("section %s: %s in %.1f s (after it: bench process %.2f GiB resident, %.1f GiB available)", name,
              out["status"], out["elapsed_s"], out["bench_rss_gib_after"], out["mem_available_gib_after"])
