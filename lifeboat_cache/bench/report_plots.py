@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .report_index_plot import plot_index_scale
 from .report_retention import plot_retention
+from .report_serving import plot_serving
 from .report_tables import section_ok, section_status
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-PLOTS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "retention", "s3", "mlx", "server")
+PLOTS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "retention", "s3", "mlx", "server",
+         "serving")
 
 #: 13 x 100 = 1300 px wide: readable when a README shows it at full width, fonts sized to match.
 FIGSIZE, DPI, FONT = (13.0, 6.0), 100, 11
@@ -28,7 +30,8 @@ TITLES = {"ceilings": "Ceilings: what this machine can do at most", "sglang_vs_f
           "backend (same rep)", "sealing": "Sealed vs unsealed records (same rep)", "index_scale": "Index scaling",
           "compression": "Compression (one core, ChunkStore put / get)", "retention": "Retention in a full store",
           "s3": "S3 tier (moto and Ceph RGW on loopback, over HTTP)", "mlx": "MLX time to first token",
-          "server": "SGLang CPU server: time to first token of a returning prompt"}
+          "server": "SGLang CPU server: time to first token of a returning prompt",
+          "serving": "Many returning users: SGLang's bench_serving on a CPU server, restarted mid-run"}
 
 
 def title(name: str, res: dict[str, Any]) -> str:
@@ -221,5 +224,5 @@ def _plot_server(fig: Figure, sv: dict[str, Any]) -> None:
 _PLOTTERS: dict[str, Callable[[Figure, dict[str, Any]], None]] = {
     "ceilings": _plot_ceilings, "sglang_vs_file": _plot_sglang_vs_file, "sealing": _plot_sealing,
     "index_scale": plot_index_scale, "compression": _plot_compression, "retention": plot_retention, "s3": _plot_s3,
-    "mlx": _plot_mlx, "server": _plot_server,
+    "mlx": _plot_mlx, "server": _plot_server, "serving": plot_serving,
 }

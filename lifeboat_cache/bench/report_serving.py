@@ -1,16 +1,22 @@
-"""The `serving` section's Markdown tables: per concurrency, the four servers over the whole run (both
+"""The `serving` section's Markdown tables and plot: per concurrency, the four servers over the whole run (both
 halves), the cold-start cliff (TTFT p50 before / after the restart), where prompt tokens came from, why
-storage did not supply more (SGLang's unfulfilled reasons), and the answers against the no-HiCache server."""
+storage did not supply more (SGLang's unfulfilled reasons), the answers against the no-HiCache server, and
+the floor probe (restored alone against the same prompt from device memory); the plot is every request's
+TTFT in the order sent."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .report_tables import section_ok, section_status
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LABELS = {"none": "no HiCache", "host": "HiCache, host only", "file": "HiCache + SGLang `file`",
           "lifeboat": "HiCache + LifeboatCache"}
 UNFULFILLED = "sglang:storage_prefetch_unfulfilled_tokens_total"
+FONT_SMALL = 8  # the plot's legends: up to four servers and their storage marks per panel
 
 
 def serving_tables(sec: Any) -> list[str]:
@@ -61,5 +67,69 @@ def serving_tables(sec: Any) -> list[str]:
                 out.append(f"* {LABELS[name]}: " + " / ".join(
                     f"{h['differing']} of {h['compared']} (storage: {h['restored_differing']} of {h['restored']})"
                     for h in halves))
+        out += _floor_table(run["servers"])
         out.append("")
     return out
+
+
+def _floor_table(servers: dict[str, Any]) -> list[str]:
+    """The floor probe (bench/serving_floor.py): returning prompts alone on a fresh server, each sent twice."""
+    probed = {n: s["floor"] for n, s in servers.items() if "floor" in s}
+    if not probed:
+        return []
+    out = ["", "Alone afterwards (a fresh server on the store the run left, concurrency 1; the trace's last visits, "
+           "each sent twice: first restored from storage, or recomputed without it, then again from device "
+           "memory, the floor):", "",
+           "| server | first sends with tokens from storage | first send TTFT p50 ms | again, from device memory, "
+           "TTFT p50 ms | first / again per prompt: p50 (worst) | answers vs no HiCache |", "|---|---|---|---|---|---|"]
+    for name, f in probed.items():
+        if "error" in f:
+            out.append(f"| {LABELS.get(name, name)} | probe failed: {f['error'].splitlines()[0][:120]} | | | | |")
+            continue
+        a = f.get("answers_vs_none")
+        answers = f"{a['differing']} of {a['compared']} differ" if a else "-"
+        out.append(f"| {LABELS.get(name, name)} | {f['restored']} of {f['prompts']} "
+                   f"| {_ms(f['first_ttft_ms_p50'])} | {_ms(f['device_ttft_ms_p50'])} "
+                   f"| {_x(f['ratio_p50'])} ({_x(f['ratio_max'])}) "
+                   f"| {answers} |")
+    return out
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def _x(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def plot_serving(fig: Figure, sec: dict[str, Any]) -> None:
+    """Per concurrency, every request's TTFT in the order the load generator sent them (both halves, the
+    restart between them): the cold-start cliff is a step at the line; requests that took tokens from
+    storage are marked. Log scale: a queued request waits tens of seconds, a lone one under one."""
+    runs = sec["concurrency"]
+    for i, (conc, run) in enumerate(runs.items()):
+        ax = fig.add_subplot(1, len(runs), i + 1)
+        first = next(iter(run["servers"].values()))["halves"]
+        restart = len(first[0]["result"]["ttfts"]) if len(first) > 1 else None
+        for name, srv in run["servers"].items():
+            ttft, stored = [], []
+            for half in srv["halves"]:
+                r = half["result"]
+                details = r.get("cached_tokens_details") or [None] * len(r["ttfts"])
+                for t, e, d in zip(r["ttfts"], r["errors"], details):
+                    ttft.append(float("nan") if e else t)
+                    stored.append(bool(d and (d.get("storage") or 0) > 0))
+            (line,) = ax.plot(range(1, len(ttft) + 1), ttft, ".-", lw=0.8, label=LABELS.get(name, name))
+            xs = [k + 1 for k, s in enumerate(stored) if s]
+            if xs:
+                ax.plot(xs, [ttft[k - 1] for k in xs], "x", ms=8, color=line.get_color(),
+                        label=f"{LABELS.get(name, name)}: took tokens from storage")
+        if restart is not None:
+            ax.axvline(restart + 0.5, color="k", ls="--", lw=1, label=f"restart ({sec['stop'].upper()}, same store)")
+        ax.set_yscale("log")
+        ax.set_xlabel("request, in the order sent")
+        ax.set_ylabel("time to first token, s (log scale)")
+        ax.set_title(f"concurrency {conc}")
+        ax.grid(axis="y", which="both", alpha=0.3)
+        ax.legend(loc="lower right", fontsize=FONT_SMALL)

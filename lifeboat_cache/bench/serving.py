@@ -32,11 +32,13 @@ from typing import Any
 
 from .common import log
 from .server import start
+from .serving_floor import probe
 from .serving_load import command, differing, run_half, summary, ttft_p50_ms
 from .serving_trace import TraceShape, halves, write
 from .sizes import Sizes, ints, names
 
 SERVERS = ("none", "host", "file", "lifeboat")
+FLOOR_SERVERS = ("none", "file", "lifeboat")  # probed alone afterwards (serving_floor); `host` restores nothing
 PREFETCH_POLICIES = ("timeout", "best_effort", "wait_complete")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_MODES = ("cache", "buffer_only")
@@ -56,6 +58,9 @@ def check(sizes: Sizes) -> None:
     if bad or not names(sizes.serving_servers):
         raise ValueError(f"--size serving_servers={sizes.serving_servers}: a comma-separated list of "
                          f"{', '.join(SERVERS)}")
+    if sizes.serving_floor_prompts < 0:
+        raise ValueError(f"--size serving_floor_prompts={sizes.serving_floor_prompts}: a count of prompts, 0 for no "
+                         "floor probe")
     if float(sizes.serving_host_ratio) <= 1.0:
         raise ValueError(f"--size serving_host_ratio={sizes.serving_host_ratio}: SGLang needs a host pool larger "
                          "than the device pool (a ratio > 1)")
@@ -137,6 +142,12 @@ def one_server(plan: ServingPlan, name: str, concurrency: int, work: Path) -> di
             srv.kill()
     out["summary"] = summary(out["halves"])
     out["ttft_p50_ms_by_half"] = [ttft_p50_ms(h) for h in out["halves"]]
+    if name in FLOOR_SERVERS and plan.sizes.serving_floor_prompts > 0:
+        try:
+            out["floor"] = probe(plan, name, concurrency, work)
+        except Exception as e:  # the run's figures stand without it; the results say why it is missing
+            log.warning("serving c=%d %s: floor probe failed: %s", concurrency, name, e)
+            out["floor"] = {"error": str(e)}
     return out
 
 
@@ -166,6 +177,7 @@ def run(work: Path, sizes: Sizes) -> dict[str, Any]:
             for name in ("lifeboat", "file", "host"):
                 if name in runs:
                     cmp[name] = [differing(a, b) for a, b in zip(runs[name]["halves"], runs["none"]["halves"])]
+            _floor_answers(runs, plan.halves[1][0])
         by_conc[str(conc)] = {"servers": runs, "answers_vs_none": cmp}
     first = plan.halves[0][1]
     kv_tokens = _conversation_tokens(by_conc, plan.shape.conversations)
@@ -182,6 +194,17 @@ def run(work: Path, sizes: Sizes) -> dict[str, Any]:
         "stop": sizes.serving_stop, "output_tokens": sizes.serving_output_tokens, "threads": sizes.serving_threads,
         "load_avg_end": os.getloadavg(), "concurrency": by_conc,
     }
+
+
+def _floor_answers(runs: dict[str, Any], offset: int) -> None:
+    """Count each floor probe's first answers that differ from the no-HiCache server's answer to the same visit
+    in the run's second half (greedy: a restored prefix must not change a token)."""
+    ref = runs["none"]["halves"][-1]["result"]["generated_texts"]
+    for srv in runs.values():
+        floor = srv.get("floor") or {}
+        if "pairs" in floor:
+            diff = [p["answer"] != ref[p["visit"] - offset] for p in floor["pairs"]]
+            floor["answers_vs_none"] = {"compared": len(diff), "differing": sum(diff)}
 
 
 def _conversation_tokens(by_conc: dict[str, Any], conversations: int) -> int:

@@ -62,6 +62,7 @@ class Sizes:
     serving_stop: str = "sigterm"                   # or sigkill: the restart in the middle
     serving_seed: int = 1
     serving_threads: int = 1                        # OMP_NUM_THREADS of every server (see serving.py)
+    serving_floor_prompts: int = 8                  # returning prompts probed alone afterwards (serving_floor.py)
 
 
 QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1, realkv_tokens=64,
@@ -69,7 +70,7 @@ QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1
               mlx_tokens="128", mlx_new_tokens=2, mlx_processes=1, server_tokens="512", server_store_pages=2000,
               serving_servers="none,lifeboat", serving_concurrency="4", serving_conversations=8, serving_turns=2,
               serving_restart_turn=1, serving_system_words=250, serving_user_words=60, serving_output_tokens=8,
-              serving_device_tokens=4096)
+              serving_device_tokens=4096, serving_floor_prompts=2)
 # quick server prompt: 512, not 256 tokens: SGLang prefetches from storage only when at least its
 # prefetch threshold (256 tokens) is there, and a 256-token prompt leaves 192 restorable
 

@@ -7,7 +7,9 @@ The quick preset runs two of the four servers (no HiCache, HiCache + LifeboatCac
 (speeds are the bench's, docs/perf/serving.md): every request succeeds on both servers; the LifeboatCache
 server started after the restart gets prompt tokens from storage, by SGLang's own `/metrics` and by the
 per-request cache details; its answers (greedy, fixed seed) equal the no-HiCache server's, request by
-request, before and after the restart; the backend dropped no backup.
+request, before and after the restart; the backend dropped no backup. Afterwards the floor probe: a fresh
+server on the store the run left restores the returning prompts from storage, serves them again from device
+memory, and answers as the no-HiCache server did.
 """
 
 from __future__ import annotations
@@ -74,6 +76,23 @@ def test_answers_equal_the_no_hicache_servers(serving: dict) -> None:
     assert halves[1]["restored"] > 0 and halves[1]["restored_differing"] == 0
 
 
+def test_the_floor_probe_restores_alone_then_serves_from_device_memory(serving: dict) -> None:
+    servers = serving["concurrency"]["4"]["servers"]
+    floor = servers["lifeboat"]["floor"]
+    assert "error" not in floor, floor
+    assert floor["prompts"] == len(floor["pairs"]) == 2 and floor["restored"] == 2, floor
+    for p in floor["pairs"]:
+        # restorable: the whole pages of the prompt, which the run's second half wrote
+        assert p["first"]["storage"] >= 64 and p["first"]["device"] == 0, p
+        assert p["again"]["device"] >= p["first"]["storage"], p  # the second send hit the device prefix cache
+        assert p["same_answer_twice"], p
+    assert floor["answers_vs_none"] == {"compared": 2, "differing": 0}
+    assert floor["ratio_p50"] > 0 and floor["first_ttft_ms_p50"] > 0 < floor["device_ttft_ms_p50"]
+    none = servers["none"]["floor"]  # no storage: the first send is a recompute
+    assert none["restored"] == 0 and all(p["first"]["storage"] == 0 for p in none["pairs"]), none
+
+
 def test_report_has_the_serving_table(serving: dict) -> None:
     md = serving["markdown"]
     assert "Many returning users" in md and "| HiCache + LifeboatCache |" in md and "| no HiCache |" in md
+    assert "again, from device memory" in md  # the floor table
