@@ -44,6 +44,11 @@ def _index_row(n: int) -> dict[str, Any]:
     return row
 
 
+def _serving_half(n: int, ttft_s: float, stored: bool = False) -> dict[str, Any]:
+    return {"result": {"ttfts": [ttft_s * (1 + k / n) for k in range(n)], "errors": [""] * (n - 1) + ["timeout"],
+                       "cached_tokens_details": [{"device": 0, "storage": 128 * stored * (k % 2)} for k in range(n)]}}
+
+
 def _results(quick: bool) -> dict[str, Any]:
     codec = {mode: {"encode_gb_s": _spread(e), "decode_gb_s": _spread(d), "ratio": r}
              for mode, e, d, r in (("raw", 12.0, 7.0, 1.0), ("compressed", 1.1, 1.8, 1.47))}
@@ -69,6 +74,10 @@ def _results(quick: bool) -> dict[str, Any]:
                              "memory_hit_ttft_s": n * 1e-4} for n in (512, 2048, 8192)]},
         "server": {"prompts": [{"tokens": n, "recompute_s": n * 5e-3, "lifeboat_restored_s": 0.1 + n * 1e-4,
                                 "file_restored_s": 0.2 + n * 1e-4} for n in (1024, 4096, 8000)]},
+        "serving": {"stop": "sigterm", "concurrency": {c: {"servers": {
+            name: {"halves": [_serving_half(8, int(c) / 2), _serving_half(8, int(c) / 2, stored)]}
+            for name, stored in (("none", False), ("host", False), ("file", True), ("lifeboat", True))}}
+            for c in ("4", "16")}},
     }
     return {"quick": quick, "machine": {"cpu": CPU, "cores": 2}, "sections": sections}
 
@@ -140,7 +149,7 @@ def test_decades_get_a_log_axis(built: tuple[bool, dict[str, Any]]) -> None:
     """The server's restored bars (~0.2 s) beside a 40 s recompute, and index reopen times over three
     decades of pages, must not be squashed by a linear axis."""
     figs = built[1]
-    for name in ("server", "mlx", "index_scale"):
+    for name in ("server", "mlx", "index_scale", "serving"):
         assert any(ax.get_yscale() == "log" for ax in _axes(figs[name])), f"{name}: no log y axis"
 
 
@@ -151,3 +160,15 @@ def test_a_section_that_did_not_run_keeps_a_titled_placeholder() -> None:
     figs = figures(res)
     for name in ("server", "mlx"):
         assert not _axes(figs[name]) and "quick" in figs[name].get_suptitle()
+
+
+def test_serving_marks_the_restart_and_the_requests_restored_from_storage(built: tuple[bool, dict[str, Any]]) -> None:
+    axes = _axes(built[1]["serving"])
+    assert len(axes) == 2  # one panel per concurrency
+    for ax in axes:
+        lines = {ln.get_label(): ln for ln in ax.lines}
+        assert list(lines["restart (SIGTERM, same store)"].get_xdata()) == [8.5, 8.5]  # between the halves
+        # second half, every other request took storage tokens: requests 10, 12, 14, 16 in the order sent
+        assert list(lines["HiCache + LifeboatCache: took tokens from storage"].get_xdata()) == [10, 12, 14, 16]
+        assert "no HiCache: took tokens from storage" not in lines
+        assert len(lines["no HiCache"].get_xdata()) == 16

@@ -4,11 +4,14 @@ answers compare request by request."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
-from lifeboat_cache.bench.serving import check
+from lifeboat_cache.bench.report_serving import _floor_table
+from lifeboat_cache.bench.serving import _floor_answers, check
+from lifeboat_cache.bench.serving_floor import pairs, probe_trace, ratios
 from lifeboat_cache.bench.serving_load import counters, differing, grown, summary
 from lifeboat_cache.bench.sizes import QUICK
 
@@ -32,6 +35,7 @@ lifeboat_pages_written_total{tier="nfs"} 2.0
     ("serving_stop", "sighup", "sigterm, sigkill"),
     ("serving_servers", "none,redis", "none, host, file, lifeboat"),
     ("serving_host_ratio", "1", "ratio > 1"),
+    ("serving_floor_prompts", -1, "0 for no floor probe"),
 ])
 def test_bad_option_names_the_size_key_and_the_choices(key: str, value: str, says: str) -> None:
     with pytest.raises(ValueError, match=f"--size {key}={value}") as e:
@@ -71,3 +75,47 @@ def test_answers_compare_request_by_request_and_count_the_restored_ones() -> Non
     assert differing(a, b) == {"compared": 3, "differing": 2, "restored": 2, "restored_differing": 1}
     with pytest.raises(RuntimeError, match="not run the same trace"):
         differing(a, _half([0.1], ["x"], [0], 1.0))
+
+
+def _probe_result(ttfts: list[float], storage: list[int], texts: list[str], errors: list[str] | None = None) -> dict:
+    return {"ttfts": ttfts, "errors": errors or [""] * len(ttfts), "input_lens": [900] * len(ttfts),
+            "generated_texts": texts,
+            "cached_tokens_details": [{"device": 0 if s else 896, "storage": s} for s in storage]}
+
+
+def test_probe_trace_sends_a_warm_up_then_each_visit_twice(tmp_path) -> None:
+    rows = [[{"messages": [{"role": "user", "content": f"visit {i}"}]}] for i in range(5)]
+    src = tmp_path / "trace.json"
+    src.write_text(json.dumps({"metadata": {}, "conversations": rows}))
+    out = json.loads(probe_trace(src, [3, 4], tmp_path / "probe.json").read_text())
+    conv = out["conversations"]
+    assert len(conv) == 5 and conv[1] == conv[2] == rows[3] and conv[3] == conv[4] == rows[4]
+    assert conv[0] not in rows and out["metadata"]["visits"] == [3, 4]
+
+
+def test_floor_pairs_and_ratios_count_only_restored_first_sends() -> None:
+    # warm-up, then (first, again) for visits 7 and 8; visit 8's first send was recomputed (no storage tokens)
+    res = _probe_result([0.5, 0.30, 0.20, 0.90, 0.10], [0, 768, 0, 0, 0], ["hi", "a", "a", "b", "B"])
+    p = pairs(res, [7, 8])
+    assert [x["visit"] for x in p] == [7, 8] and p[0]["first"]["storage"] == 768 and p[0]["again"]["device"] == 896
+    assert p[0]["same_answer_twice"] and not p[1]["same_answer_twice"]
+    r = ratios(p)
+    assert (r["prompts"], r["restored"], r["same_answer_twice"]) == (2, 1, 1)
+    assert r["ratio_p50"] == pytest.approx(1.5) and r["first_ttft_ms_p50"] == pytest.approx(300.0)
+    assert ratios(pairs(_probe_result([0.5, 0.4, 0.2], [0, 0, 0], ["", "x", "x"]), [1]))["ratio_p50"] == 2.0
+    failed = pairs(_probe_result([0.5, 0.0, 0.0], [0, 0, 0], ["", "", ""], ["", "reset", "reset"]), [1])
+    assert ratios(failed)["ratio_p50"] is None and ratios(failed)["first_ttft_ms_p50"] is None
+
+
+def test_floor_answers_and_table_compare_with_the_no_hicache_servers_second_half() -> None:
+    none_half = {"result": {"generated_texts": ["n0", "n1", "n2"]}}  # the second half starts at visit 10
+    floor = {"pairs": [{"visit": 11, "answer": "n1"}, {"visit": 12, "answer": "other"}], "prompts": 2, "restored": 2,
+             "first_ttft_ms_p50": 300.0, "device_ttft_ms_p50": 200.0, "ratio_p50": 1.5, "ratio_max": 2.0}
+    runs = {"none": {"halves": [{}, none_half]}, "lifeboat": {"halves": [], "floor": floor},
+            "file": {"halves": [], "floor": {"error": "server did not start\nlog tail"}}}
+    _floor_answers(runs, offset=10)
+    assert floor["answers_vs_none"] == {"compared": 2, "differing": 1}
+    table = "\n".join(_floor_table({n: s for n, s in runs.items() if n != "none"}))
+    assert "| HiCache + LifeboatCache | 2 of 2 | 300 | 200 | 1.50x (2.00x) | 1 of 2 differ |" in table
+    assert "| HiCache + SGLang `file` | probe failed: server did not start |" in table
+    assert _floor_table({"none": {"halves": []}}) == []
