@@ -132,4 +132,6 @@ def plot_serving(fig: Figure, sec: dict[str, Any]) -> None:
         ax.set_ylabel("time to first token, s (log scale)")
         ax.set_title(f"concurrency {conc}")
         ax.grid(axis="y", which="both", alpha=0.3)
-        ax.legend(loc="lower right", fontsize=FONT_SMALL)
+    # one legend under the panels: inside one, it would hide that panel's requests
+    handles, labels = fig.axes[-1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=4, fontsize=FONT_SMALL)

@@ -152,7 +152,7 @@ def one_server(plan: ServingPlan, name: str, concurrency: int, work: Path) -> di
 
 
 def _effective_policy(log_path: Path) -> str | None:
-    """The prefetch policy the LifeboatCache plugin declared (it replaces `timeout` on a CPU launch)."""
+    """The prefetch policy the LifeboatCache plugin declared (it replaces an untyped `timeout` on a CPU launch)."""
     try:
         for line in log_path.read_text(errors="replace").splitlines():
             if "LifeboatCache: storage prefetch policy" in line:

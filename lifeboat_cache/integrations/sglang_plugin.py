@@ -127,6 +127,7 @@ def apply_launch_tuning(server_args: Any, env: Optional[Mapping[str, str]] = Non
         mem_layout=str(cfg.hicache_mem_layout),
         io_backend=str(cfg.hicache_io_backend),
         prefetch_policy=str(cfg.hicache_storage_prefetch_policy),
+        prefetch_policy_given=_flag_given(server_args, "hicache_storage_prefetch_policy", "timeout"),
     )
     plan = plan_launch_tuning(facts, env, gpu_memory_bytes=lambda: gpu_memory_bytes(cfg.base_gpu_id))
     for warning in plan.warnings:

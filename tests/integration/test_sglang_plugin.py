@@ -734,8 +734,13 @@ def test_a_hung_store_directory_does_not_hang_the_launch(tmp_path: Path, monkeyp
         frozen.set()
 
 
-def test_cpu_launch_waits_for_prefetches_unless_the_launch_chose_a_policy(tiny_model: str) -> None:
+def test_cpu_launch_waits_for_prefetches_unless_the_launch_chose_a_policy(tiny_model: str, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["launch_server", "--model-path", tiny_model])
     assert view(resolve(tiny_model, device="cpu", **LIFEBOAT)).hicache_storage_prefetch_policy == "wait_complete"
+    # SGLang's default typed by hand (`launch_server` parses sys.argv) is the launch's choice: kept
+    monkeypatch.setattr(sys, "argv", ["launch_server", "--hicache-storage-prefetch-policy", "timeout"])
+    assert view(resolve(tiny_model, device="cpu", **LIFEBOAT)).hicache_storage_prefetch_policy == "timeout"
+    monkeypatch.setattr(sys, "argv", ["launch_server", "--model-path", tiny_model])
     chosen = resolve(tiny_model, device="cpu", hicache_storage_prefetch_policy="best_effort", **LIFEBOAT)
     assert view(chosen).hicache_storage_prefetch_policy == "best_effort"
     assert view(resolve(tiny_model, **LIFEBOAT)).hicache_storage_prefetch_policy == "timeout"  # CUDA: SGLang's

@@ -71,6 +71,7 @@ class LaunchFacts:
     mem_layout: str = "page_first"  # the resolved --hicache-mem-layout (SGLang 0.5.23's default: page_first)
     io_backend: str = "kernel"  # --hicache-io-backend
     prefetch_policy: str = "timeout"  # --hicache-storage-prefetch-policy (SGLang 0.5.23's default: timeout)
+    prefetch_policy_given: bool = False  # the launch typed it (`timeout` typed by hand is kept on CPU too)
 
 
 @dataclass(frozen=True)
@@ -155,9 +156,10 @@ def cpu_prefetch_decision(facts: LaunchFacts) -> Decision:
     The timeout policy gives a prefetch 1 s + 0.25 s per 1K tokens. On a CPU server SGLang's prefetch
     threads share the cores with the model, and under load the deadline passed before the read was
     even issued (measured: `batch_exists 46 keys -> 46`, no `batch_get_v1`, the prompt recomputed).
-    wait_complete waits for the prefetch, which LifeboatCache bounds by `deadline_s` per call.
+    wait_complete waits for the prefetch, which LifeboatCache bounds by `deadline_s` per call. A policy the
+    launch typed, `timeout` included, is kept: a flag beats LifeboatCache's default, as everywhere here.
     """
-    if facts.prefetch_policy != "timeout":
+    if facts.prefetch_policy != "timeout" or facts.prefetch_policy_given:
         return Decision("storage prefetch policy", facts.prefetch_policy, "the launch gave it")
     return Decision("storage prefetch policy", "wait_complete",
                     "CPU launch: the model shares the cores with SGLang's prefetch threads, and the timeout "
