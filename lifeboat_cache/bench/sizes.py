@@ -76,6 +76,7 @@ QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1
 
 
 CHOICES = {"lifeboat_tier": ("local", "nfs")}  # sizes that name one of a few things
+ZERO_TURNS_OFF = {"serving_floor_prompts"}  # counts where 0 means "skip this part"
 
 
 def make(quick: bool, overrides: list[str]) -> Sizes:
@@ -93,8 +94,8 @@ def make(quick: bool, overrides: list[str]) -> Sizes:
                 kw[key] = int(value)
             except ValueError:
                 raise ValueError(f"--size {key}: {value!r} is not an integer") from None
-            if kw[key] <= 0:
-                raise ValueError(f"--size {key}: must be > 0")
+            if kw[key] < 0 or (kw[key] == 0 and key not in ZERO_TURNS_OFF):
+                raise ValueError(f"--size {key}: must be " + (">= 0 (0: skip it)" if key in ZERO_TURNS_OFF else "> 0"))
         elif key in CHOICES and value.strip() not in CHOICES[key]:
             raise ValueError(f"--size {key}: {value!r} is not one of {', '.join(CHOICES[key])}")
         else:

@@ -13,7 +13,7 @@ from lifeboat_cache.bench.report_serving import _floor_table
 from lifeboat_cache.bench.serving import _floor_answers, check
 from lifeboat_cache.bench.serving_floor import pairs, probe_trace, ratios
 from lifeboat_cache.bench.serving_load import counters, differing, grown, summary
-from lifeboat_cache.bench.sizes import QUICK
+from lifeboat_cache.bench.sizes import QUICK, make
 
 METRICS = """\
 # HELP sglang:cached_tokens_total tokens
@@ -42,6 +42,14 @@ def test_bad_option_names_the_size_key_and_the_choices(key: str, value: str, say
         check(replace(QUICK, **{key: value}))
     assert says in str(e.value)
     check(QUICK)  # the presets themselves pass
+
+
+def test_floor_prompts_may_be_zero_to_skip_the_probe() -> None:
+    assert make(False, ["serving_floor_prompts=0"]).serving_floor_prompts == 0
+    with pytest.raises(ValueError, match=r"serving_floor_prompts: must be >= 0 \(0: skip it\)"):
+        make(False, ["serving_floor_prompts=-1"])
+    with pytest.raises(ValueError, match="serving_turns: must be > 0"):
+        make(False, ["serving_turns=0"])
 
 
 def test_counters_are_summed_over_other_labels_and_grow_per_half() -> None:
