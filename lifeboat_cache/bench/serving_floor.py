@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from .serving_load import command, run_half
-
-if TYPE_CHECKING:
-    from .serving import ServingPlan
 
 WARMUP = [{"role": "system", "content": "Warm-up request of the LifeboatCache serving benchmark's floor probe."},
           {"role": "user", "content": "Say hello in one short sentence."}]
@@ -72,8 +69,9 @@ def ratios(probed: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "same_answer_twice": sum(p["same_answer_twice"] for p in probed)}
 
 
-def probe(plan: ServingPlan, name: str, concurrency: int, work: Path) -> dict[str, Any]:
-    """Start a fresh `name` server on the run's store, send the probe, kill it; pairs plus their ratios."""
+def probe(plan: Any, name: str, concurrency: int, work: Path) -> dict[str, Any]:
+    """Start a fresh `name` server on the run's store, send the probe, kill it; pairs plus their ratios.
+    `plan` is serving.py's ServingPlan (not imported: serving.py imports this module)."""
     from .server import start
 
     total = plan.shape.visits
