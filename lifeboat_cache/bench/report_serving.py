@@ -36,7 +36,8 @@ def serving_tables(sec: Any) -> list[str]:
     for conc, run in sec["concurrency"].items():
         out += [f"Concurrency {conc}:", "",
                 "| server | req/s | output tok/s | TTFT p50 / p90 / p99 ms | TTFT p50 before / after restart "
-                "| prompt tokens from device / host / storage | failed |", "|---|---|---|---|---|---|---|"]
+                "| prompt tokens from device / host / storage | server CPU s per request | failed |",
+                "|---|---|---|---|---|---|---|---|"]
         for name, srv in run["servers"].items():
             s = srv["summary"]
             ttft = s.get("ttft_ms", {})
@@ -45,7 +46,7 @@ def serving_tables(sec: Any) -> list[str]:
             out.append(f"| {LABELS.get(name, name)} | {s['request_throughput']:.3f} | {s['output_throughput']:.2f} "
                        f"| {' / '.join(f'{ttft.get(p, 0):,.0f}' for p in ('p50', 'p90', 'p99'))} | {halves} "
                        f"| {c['device']:,} / {c['host']:,} / {c['storage']:,} of {s['prompt_tokens']:,} "
-                       f"| {s['failed']} |")
+                       f"| {_cpu(s.get('server_cpu_s_per_request'))} | {s['failed']} |")
         out += ["", "After the restart (SGLang's `/metrics`, second half): storage prefetch hits and the tokens it "
                 "did not fulfil, by reason (reasons with 0 left out).", "",
                 "| server | storage hit tokens | unfulfilled tokens by reason | backups dropped (LifeboatCache) |",
@@ -97,6 +98,10 @@ def _floor_table(servers: dict[str, Any]) -> list[str]:
 
 def _ms(v: Any) -> str:
     return "-" if v is None else f"{v:,.0f}"
+
+
+def _cpu(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 def _x(v: Any) -> str:

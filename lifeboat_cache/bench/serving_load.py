@@ -77,6 +77,7 @@ def run_half(srv: Any, cmd: Sequence[str], out_file: Path, log_path: Path) -> di
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
     out_file.unlink(missing_ok=True)
     before = counters(srv.metrics_text())
+    cpu0 = server_cpu_s(srv.proc.pid)
     t = time.monotonic()
     with open(log_path, "ab") as logf:
         logf.write(f"\n==== {' '.join(cmd)}\n".encode())
@@ -84,6 +85,7 @@ def run_half(srv: Any, cmd: Sequence[str], out_file: Path, log_path: Path) -> di
         rc = subprocess.run(list(cmd), stdout=logf, stderr=subprocess.STDOUT, env=env,
                             timeout=BENCH_TIMEOUT_S).returncode
     wall = time.monotonic() - t
+    cpu = server_cpu_s(srv.proc.pid) - cpu0
     after = counters(srv.metrics_text())
     if rc != 0 or not out_file.exists():
         tail = log_path.read_text(errors="replace").splitlines()[-30:]
@@ -91,7 +93,27 @@ def run_half(srv: Any, cmd: Sequence[str], out_file: Path, log_path: Path) -> di
     res = json.loads(out_file.read_text().splitlines()[-1])
     log.info("serving: %d requests in %.1f s (%d failed), TTFT p50 %.0f ms", res.get("completed", 0),
              res.get("duration", 0.0), len([e for e in res.get("errors", []) if e]), res.get("median_ttft_ms", 0))
-    return {"result": res, "counters": grown(before, after), "wall_s": wall}
+    return {"result": res, "counters": grown(before, after), "wall_s": wall, "server_cpu_s": cpu}
+
+
+def server_cpu_s(pid: int) -> float:
+    """User + system CPU seconds used so far by the server's launcher and its children (scheduler,
+    detokenizer): the cost a backend adds shows here, where throughput on a shared 2-core VM is noisy."""
+    import psutil  # SGLang's own dependency: present wherever a server runs
+
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # a child that ended between the listing and the read
+            continue
+    return total
 
 
 def summary(halves: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -114,6 +136,10 @@ def summary(halves: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "cached_tokens": {src: sum(int(d.get(src) or 0) for d in details) for src in ("device", "host", "storage")},
     }
+    cpu = [h.get("server_cpu_s") for h in halves]
+    if cpu and all(c is not None for c in cpu):
+        out["server_cpu_s"] = float(sum(cpu))
+        out["server_cpu_s_per_request"] = out["server_cpu_s"] / out["completed"] if out["completed"] else None
     if ttfts.size:
         out["ttft_ms"] = {f"p{q}": float(np.percentile(ttfts, q)) for q in (50, 90, 99)}
     return out

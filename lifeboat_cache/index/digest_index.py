@@ -60,6 +60,8 @@ class Index:
         self._table = MainTable(self.initial_cap, self._wlock)
         self._deltas: tuple[dict[int, Loc | None], tuple[dict[int, Loc | None], ...]] = ({}, ())
         self._merger: threading.Thread | None = None
+        self._changes = 0  # entries written or dropped so far (under _wlock): when held() counts again
+        self._held: tuple[int, int] | None = None  # (len, _changes when counted)
 
     # ------------------------------------------------------------------ lookups (never mutate, no lock)
     def contains(self, keys: np.ndarray) -> np.ndarray:
@@ -126,6 +128,15 @@ class Index:
             in_main, _ = self._table.find(mix_keys(dk), want_loc=False)
             return main_live - int(in_main.sum()) + sum(v is not None for v in merged.values())
 
+    def held(self) -> int:
+        """len(self), counted again only after more than max(64, last count / 16) entries changed (so off by
+        at most that): for what asks on every write (the ghost's span), where len() would merge every delta
+        under the write lock, holding the GIL from SGLang's scheduler thread 1.2 ms at 16k delta entries."""
+        with self._wlock:
+            if self._held is None or self._changes - self._held[1] > max(64, self._held[0] // 16):
+                self._held = (len(self), self._changes)
+            return self._held[0]
+
     # ------------------------------------------------------------------ mutations
     def _limit(self) -> int:
         if self._fixed_limit is not None:
@@ -135,6 +146,7 @@ class Index:
     def insert(self, key: int, loc: Loc) -> None:
         with self._wlock:
             self._deltas[0][key] = loc
+            self._changes += 1
             drain = self._maybe_freeze()
         if drain:
             self._drain()
@@ -149,6 +161,7 @@ class Index:
                     continue
                 active[k] = loc
                 n += 1
+            self._changes += n
             drain = self._maybe_freeze()
         if drain:
             self._drain()
@@ -160,6 +173,7 @@ class Index:
             if self.get(key) != loc:
                 return False
             self._deltas[0][key] = None
+            self._changes += 1
             drain = self._maybe_freeze()
         if drain:
             self._drain()
@@ -248,6 +262,7 @@ class Index:
                                                         lengths[idx][o], np.ones(len(xs), dtype=bool), if_absent)
                     if len(sx):
                         table.merge_shard(s, sx, su, so, sl, sv, if_absent)
+                    self._changes += len(sx)
             table.rebits()
 
     def insert_sorted_shard(self, s: int, keys: np.ndarray, units: np.ndarray, offsets: np.ndarray,
@@ -282,8 +297,11 @@ class Index:
                                                         lengths[live], np.ones(int(live.sum()), dtype=bool), True)
                     if len(sx):
                         table.merge_shard(s, sx, su, so, sl, sv, True)
+                    self._changes += len(sx)
                 return
             table.install(s, x, units, offsets, lengths)
+            with self._wlock:
+                self._changes += n
 
     def drop_unit(self, unit: int) -> int:
         """Forget every entry in a unit (evicted or vanished segment). Returns how many."""
@@ -304,6 +322,7 @@ class Index:
                 if v is not None and v.unit in idset:
                     active[k] = None
                     n += 1
+            self._changes += n
             return n
 
     def clear(self) -> None:
@@ -311,6 +330,7 @@ class Index:
             self._table.epoch += 1
             self._table.reset(self.initial_cap)
             self._deltas = ({}, ())  # a running merger finds no frozen delta and exits
+            self._held = None
             self._table.epoch += 1
 
     # ------------------------------------------------------------------ persistence helpers

@@ -78,7 +78,7 @@ class Evictor:
                                                       rows if action == REINSERT else [])
             if not self._unlink(victim):
                 return freed
-            self.ghost.evicted(gone, len(self.index))
+            self.ghost.evicted(gone, self.index.held())
             self.counters.add("evicted_unread_records", unread)
             freed += victim.size
 

@@ -238,7 +238,7 @@ class SegmentDir:
         try:
             if self.evict:
                 self.evictor.evict(self.capacity_bytes)
-            averse = self.evict and self.evictor.ghost.averse(int(records[0][0]), len(self.index))
+            averse = self.evict and self.evictor.ghost.averse(int(records[0][0]), self.index.held())
             while len(locs) < len(records) and err is None:
                 try:
                     part, roll, err = self.writers.append_part(records, len(locs), promise=promise)

@@ -5,6 +5,9 @@ answers compare request by request."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from lifeboat_cache.bench.report_serving import _floor_table
 from lifeboat_cache.bench.serving import _floor_answers, check
 from lifeboat_cache.bench.serving_floor import pairs, probe_trace, ratios
-from lifeboat_cache.bench.serving_load import counters, differing, grown, summary
+from lifeboat_cache.bench.serving_load import counters, differing, grown, server_cpu_s, summary
 from lifeboat_cache.bench.sizes import QUICK, make
 
 METRICS = """\
@@ -75,6 +78,29 @@ def test_summary_spans_both_halves() -> None:
     assert (s["requests"], s["completed"], s["failed"], s["duration_s"]) == (4, 4, 0, 4.0)
     assert s["request_throughput"] == 1.0 and s["output_throughput"] == 8.0
     assert s["ttft_ms"]["p50"] == pytest.approx(250.0) and s["cached_tokens"]["storage"] == 64
+    assert "server_cpu_s" not in s  # halves without the server's CPU time (older results) report none
+    halves = [{**_half([0.1, 0.3], ["a", "b"], [0, 0], 2.0), "server_cpu_s": 3.0},
+              {**_half([0.2, 0.4], ["c", "d"], [64, 0], 2.0), "server_cpu_s": 5.0}]
+    s = summary(halves)
+    assert s["server_cpu_s"] == 8.0 and s["server_cpu_s_per_request"] == 2.0
+
+
+_SPINNING_CHILD = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\nsys.stdin.read()"
+
+
+def test_server_cpu_counts_the_launcher_and_its_children() -> None:
+    """A launcher that only waits and a child that spins 0.5 s: the child's CPU time is in the total."""
+    launcher = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {_SPINNING_CHILD!r}])"
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while server_cpu_s(proc.pid) < 0.5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server_cpu_s(proc.pid) >= 0.5
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    assert server_cpu_s(proc.pid) == 0.0  # a launcher that is gone counts nothing
 
 
 def test_answers_compare_request_by_request_and_count_the_restored_ones() -> None:

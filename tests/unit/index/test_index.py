@@ -44,6 +44,31 @@ def test_drop_unit_forgets_its_entries():
     assert [ix.get(k) is not None for k in range(6)] == [False, True, False, True, False, True]
 
 
+def test_held_counts_again_only_after_enough_changes_and_stays_close():
+    """held() is len() counted again only once more than max(64, 1/16 of it) entries changed: every change
+    path (insert, insert_many, removal, bulk insert, drop_units, clear) moves it, none makes it wrong
+    by more than that bound."""
+    ix = Index(delta_limit=1000)  # deltas freeze and merge into main along the way
+    for k in range(1, 3001):
+        ix.insert(k, Loc(1 + k % 3, k, 10))
+    assert ix.held() == len(ix) == 3000
+    for k in range(3001, 3041):  # 40 changes: under the bound, the count is not taken again
+        ix.insert(k, Loc(1, k, 10))
+    assert ix.held() == 3000 and len(ix) == 3040
+    ix.insert_many(range(3041, 3301), [Loc(2, k, 10) for k in range(3041, 3301)])
+    assert ix.held() == len(ix) == 3300
+    ix.drop_units([1])  # a third of the entries go at once: counted again
+    assert ix.held() == len(ix) == 3300 - 1040
+    for k in range(2, 400, 3):
+        ix.remove_if_match(k, Loc(3, k, 10))
+    assert abs(ix.held() - len(ix)) <= max(64, ix.held() // 16)
+    keys = np.arange(10_000, 20_000, dtype=np.int64)
+    ix.insert_arrays(keys, np.full(len(keys), 4), keys.astype(np.uint64), np.full(len(keys), 10))
+    assert ix.held() == len(ix)
+    ix.clear()
+    assert ix.held() == 0
+
+
 def test_memory_per_entry_is_compact():
     ix = Index()
     n = 200_000
