@@ -85,7 +85,8 @@ def test_summary_spans_both_halves() -> None:
     assert s["server_cpu_s"] == 8.0 and s["server_cpu_s_per_request"] == 2.0
 
 
-_SPINNING_CHILD = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\nsys.stdin.read()"
+_SPINNING_CHILD = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+                   "sys.stdin.read()")
 
 
 def test_server_cpu_counts_the_launcher_and_its_children() -> None:
