@@ -2,7 +2,8 @@
 halves), the cold-start cliff (TTFT p50 before / after the restart), where prompt tokens came from, why
 storage did not supply more (SGLang's unfulfilled reasons), the answers against the no-HiCache server, and
 the floor probe (restored alone against the same prompt from device memory); the plot is every request's
-TTFT in the order sent."""
+TTFT in the order sent. Also the `interference` section's table: what each backend's threads cost a Python
+thread in the same process, as SGLang's scheduler is."""
 
 from __future__ import annotations
 
@@ -71,6 +72,26 @@ def serving_tables(sec: Any) -> list[str]:
         out += _floor_table(run["servers"])
         out.append("")
     return out
+
+
+def interference_table(sec: Any) -> list[str]:
+    out = ["", "### What a backend's threads cost a Python thread in its process (the scheduler's place)", ""]
+    if not section_ok(sec):
+        return out + [section_status(sec)]
+    out += [f"A main thread runs steps of Python bookkeeping and torch matmuls for {sec['seconds']:g} s while a "
+            f"backup thread writes {sec['pages_per_burst']} pages of {sec['page_bytes'] / 2**20:.2f} MiB every "
+            f"{sec['period_ms']} ms through SGLang's controller (every other burst read back).", "",
+            "| contender | steps/s vs none | step p50 / p99 / p99.9 ms | main thread CPU share "
+            "| voluntary / involuntary switches | pages written | errors |", "|---|---|---|---|---|---|---|"]
+    for r in sec["rows"]:
+        name = LABELS.get(r["contender"], r["contender"]).replace("HiCache + ", "")
+        if r["io_workers"]:
+            name += f" (io_workers {r['io_workers']})"
+        st = r["step_ms"]
+        out.append(f"| {name} | {_x(r['steps_vs_none'])} | {st['p50']:.2f} / {st['p99']:.2f} / {st['p999']:.2f} "
+                   f"| {r['main_cpu_share']:.2f} | {r['voluntary_switches']:,} / {r['involuntary_switches']:,} "
+                   f"| {r['pages_written']:,} | {len(r['errors'])} |")
+    return out + [""]
 
 
 def _floor_table(servers: dict[str, Any]) -> list[str]:

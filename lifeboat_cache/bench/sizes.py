@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-SECTIONS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "retention", "s3", "mlx",
-            "server", "serving")  # in run order
+SECTIONS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "retention", "interference",
+            "s3", "mlx", "server", "serving")  # in run order
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,11 @@ class Sizes:
     serving_seed: int = 1
     serving_threads: int = 1                        # OMP_NUM_THREADS of every server (see serving.py)
     serving_floor_prompts: int = 8                  # returning prompts probed alone afterwards (serving_floor.py)
+    # what a backend's threads cost a Python thread in its process (interference.py; 3 s each with --quick)
+    interference_s: int = 20            # seconds of steps per contender
+    interference_pages: int = 11        # pages (768 KiB) per backup burst: one 700-token prompt's pages
+    interference_period_ms: int = 100   # a burst this often (110 pages/s, ~80 MB/s); every other one read back
+    interference_io_workers: str = "8,1"  # LifeboatCache contenders (engine io_workers; 8 is the default)
 
 
 QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1, realkv_tokens=64,
@@ -70,7 +75,7 @@ QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1
               mlx_tokens="128", mlx_new_tokens=2, mlx_processes=1, server_tokens="512", server_store_pages=2000,
               serving_servers="none,lifeboat", serving_concurrency="4", serving_conversations=8, serving_turns=2,
               serving_restart_turn=1, serving_system_words=250, serving_user_words=60, serving_output_tokens=8,
-              serving_device_tokens=4096, serving_floor_prompts=2)
+              serving_device_tokens=4096, serving_floor_prompts=2, interference_io_workers="8")
 # quick server prompt: 512, not 256 tokens: SGLang prefetches from storage only when at least its
 # prefetch threshold (256 tokens) is there, and a 256-token prompt leaves 192 restorable
 

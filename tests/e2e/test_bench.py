@@ -82,6 +82,11 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
     for c in rt["cases"]:  # the offline optimum bounds every online policy on the same trace
         assert max(c["lifeboat"]["hit_rate"], c["file"]["hit_rate"], c["lru"]) <= c["belady"] + 1e-9, c
     assert rt["hot_set_restart"]["lifeboat"]["hit_rate_after_restart"] >= 0.95, rt["hot_set_restart"]
+    itf = res["sections"]["interference"]  # every contender ran its steps beside its own backups
+    assert [(r["contender"], r["io_workers"]) for r in itf["rows"]] == [("none", None), ("file", None),
+                                                                         ("lifeboat", 8)]
+    for r in itf["rows"]:
+        assert r["steps"] > 0 and not r["errors"] and (r["pages_written"] > 0) == (r["contender"] != "none"), r
     cm = res["sections"]["compression"]["choices"]
     assert set(cm) == {"real_kv", "random_bf16"} and cm["real_kv"]["none"]["ratio"] == pytest.approx(1.0, rel=1e-3)
     s3 = res["sections"]["s3"]["latencies"]["0"]

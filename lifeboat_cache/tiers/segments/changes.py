@@ -75,6 +75,13 @@ class ChangeCounter:
         except OSError:  # closed meanwhile, or a full disk: the listing refresh still finds the pages
             pass
 
+    def only_mine(self, now: tuple[int, int], before: tuple[int, int]) -> bool:
+        """Whether every word that changed from `before` to `now` holds a value this counter wrote: as far
+        as the file tells, the change is this process's own. Another process's bump that ours overwrote
+        is hidden, so a reader still catches up on such a change, only not at the busy pace."""
+        mine = self._prefix >> 32
+        return all(n >> 32 == mine for n, b in zip(now, before) if n != b)
+
     def read(self) -> tuple[int, int]:
         """(writes word, segments word); (0, 0) without a counter file or when it is short."""
         fd = self._fd

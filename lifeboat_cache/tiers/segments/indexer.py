@@ -24,7 +24,8 @@ from .snapshot_policy import Snapshots
 log = logging.getLogger(__name__)
 
 CHANGE_POLL_S = 0.005  # how often the index thread reads the change counter (one pread) while busy
-CHANGE_POLL_IDLE_S = 0.02  # ... and after a second without any change (idle CPU: ~0.2% of a core per directory)
+CHANGE_POLL_IDLE_S = 0.02  # ... and after a second without another process's change (idle CPU: ~0.2% of a core
+#                            per directory); a change is still caught up at this pace (ours may hide theirs)
 
 
 class IndexThread:
@@ -108,8 +109,12 @@ class IndexThread:
         if now == self._seen_changes:
             return
         listing = now[1] != self._seen_changes[1]
+        if not self.changes.only_mine(now, self._seen_changes):  # type: ignore[union-attr]
+            # another process wrote: poll at the busy pace. This process's own writes (indexed as they are
+            # written) do not speed the poll up: each wake-up takes the GIL from SGLang's threads, 200 a
+            # second while a server backs up pages (docs/perf/serving.md, "interference")
+            self._last_change = time.monotonic()
         self._seen_changes = now  # before scanning: a change during the scan is seen next time
-        self._last_change = time.monotonic()
         self.counters.add("change_catch_ups")
         if listing:
             self.scanner.refresh(initial=False)

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from lifeboat_cache.bench.report_serving import _floor_table
+from lifeboat_cache.bench.report_serving import _floor_table, interference_table
 from lifeboat_cache.bench.serving import _floor_answers, check
 from lifeboat_cache.bench.serving_floor import pairs, probe_trace, ratios
 from lifeboat_cache.bench.serving_load import counters, differing, grown, server_cpu_s, summary
@@ -154,3 +154,17 @@ def test_floor_answers_and_table_compare_with_the_no_hicache_servers_second_half
     assert "| HiCache + LifeboatCache | 2 of 2 | 300 | 200 | 1.50x (2.00x) | 1 of 2 differ |" in table
     assert "| HiCache + SGLang `file` | probe failed: server did not start |" in table
     assert _floor_table({"none": {"halves": []}}) == []
+
+
+def test_interference_table_names_each_contender_and_its_costs() -> None:
+    row = {"steps_vs_none": 1.0, "step_ms": {"p50": 1.3, "p99": 1.4, "p999": 1.6}, "main_cpu_share": 1.0,
+           "voluntary_switches": 1, "involuntary_switches": 54, "pages_written": 0, "errors": []}
+    sec = {"status": "ok", "seconds": 20, "pages_per_burst": 11, "page_bytes": 786432, "period_ms": 100, "rows": [
+        {**row, "contender": "none", "io_workers": None},
+        {**row, "contender": "lifeboat", "io_workers": 1, "steps_vs_none": 0.98, "voluntary_switches": 3010,
+         "pages_written": 2200}]}
+    md = "\n".join(interference_table(sec))
+    assert "| no HiCache | 1.00x | 1.30 / 1.40 / 1.60 | 1.00 | 1 / 54 | 0 | 0 |" in md
+    assert "| LifeboatCache (io_workers 1) | 0.98x |" in md and "3,010 / 54 | 2,200 |" in md
+    assert "11 pages of 0.75 MiB every 100 ms" in md
+    assert "failed" in "\n".join(interference_table({"status": "failed", "error": "boom"}))

@@ -60,3 +60,26 @@ def test_a_planted_link_turns_the_counter_off_and_the_store_still_works(tmp_path
     finally:
         d.close()
     assert target.read_bytes() == b"x" * 16, "a write went through the planted link"
+
+
+def test_a_reader_tells_its_own_bumps_from_another_process_s(tmp_path: Path) -> None:
+    """The index thread polls fast only after another process's change (indexer.py): its own writes are
+    indexed as they are written, and each fast wake-up takes the GIL from SGLang's threads."""
+    mine, theirs = ChangeCounter(tmp_path, create=True), ChangeCounter(tmp_path, create=True)
+    before = mine.read()
+    mine.bump()
+    mine.bump(SEGMENTS)
+    assert mine.only_mine(mine.read(), before)
+    before = mine.read()
+    theirs.bump()
+    assert not mine.only_mine(mine.read(), before), "another process's write looked like ours"
+    before = mine.read()
+    theirs.bump(SEGMENTS)
+    mine.bump()  # ours over theirs in the writes word; their new segments word still shows
+    assert not mine.only_mine(mine.read(), before)
+    before = mine.read()
+    mine.bump()  # only the writes word changed, and it is ours; their older segments word did not change
+    assert mine.only_mine(mine.read(), before)
+    assert not theirs.only_mine(theirs.read(), before)
+    mine.close()
+    theirs.close()
