@@ -25,9 +25,6 @@ import numpy as np
 from .common import log
 from .sizes import Sizes, ints
 
-PAGE_SHAPE = (24, 2, 64)  # layers, KV heads, head dim: the `small` shape of sglang_vs_file (768 KiB pages)
-
-
 def _switches() -> tuple[int, int]:
     """(voluntary, involuntary) context switches of the calling thread so far ((0, 0) off Linux)."""
     who = getattr(resource, "RUSAGE_THREAD", None)
@@ -96,11 +93,11 @@ def measure(ctl: Any, slots: Any, sizes: Sizes, seconds: float) -> dict[str, Any
 def run(work: Path, sizes: Sizes, quick: bool = False) -> dict[str, Any]:
     import torch
 
-    from .sglang_vs_file import Controller, attach, extra_for, fill, pools
+    from .sglang_vs_file import SHAPES, Controller, attach, extra_for, fill, pools
 
     torch.set_num_threads(1)  # one intra-op thread, as the serving section's servers
     n = sizes.interference_pages
-    dev, host = pools("page_first", *PAGE_SHAPE, tokens=64 * (2 * n + 8))
+    dev, host = pools("page_first", *SHAPES["small"], tokens=64 * (2 * n + 8))  # 768 KiB pages
     slots = host.alloc(64 * 2 * n)
     fill(host, slots, "random", None, seed=1)
     seconds = 3.0 if quick else float(sizes.interference_s)
