@@ -26,7 +26,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
-from .cooldown import RateLimitedLog
+from .cooldown import LogOnce, RateLimitedLog
+from .cpu_policy import apply_to_this_thread
 from .metrics import Counters
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class BoundedWriter(Generic[J]):
 
     def __init__(self, handle: Callable[[list[J]], None], counters: Counters, *, max_bytes: int,
                  names: WriterCounters, what: str, queue: str = "background", workers: int = 1,
-                 name: str = "lifeboat-writer",
+                 name: str = "lifeboat-writer", policy: str = "normal",
                  max_batch_jobs: int = 1, max_batch_bytes: int | None = None,
                  done: Callable[[list[J]], None] | None = None, items: Callable[[J], int] | None = None,
                  drop_note: Callable[[], str] | None = None, exit_note: str = "",
@@ -77,6 +78,8 @@ class BoundedWriter(Generic[J]):
         self.queue = queue  # for log lines: "<queue> queue full"
         self.what = what  # for log lines: "copies to nfs", "KV chunks" ("%d queued KV chunks were not ...")
         self._handle = handle
+        self._policy = policy  # the workers' scheduling policy (cpu_policy.py); a refusal is logged once
+        self._policy_log = LogOnce(log)
         self._done = done
         self._items = items or (lambda job: 1)
         self._drop_note = drop_note
@@ -172,6 +175,9 @@ class BoundedWriter(Generic[J]):
             return batch
 
     def _run(self) -> None:
+        refused = apply_to_this_thread(self._policy)
+        if refused:
+            self._policy_log.log("policy", "lifeboat: %s", refused)
         while True:
             batch = self._take()
             if batch is None:

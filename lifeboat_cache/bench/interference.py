@@ -6,9 +6,10 @@ few percent (docs/perf/serving.md), so this section isolates it: a main thread r
 bookkeeping and small torch matmuls, which release the GIL, as a scheduler step does) while a backup
 thread drives SGLang's controller as HiCache does, a burst of `interference_pages` pages every
 `interference_period_ms`, every other burst read back. Per contender (no backend, SGLang's `file`,
-LifeboatCache at each `interference_io_workers`; each through SGLang's factory over a real host pool):
-the main thread's steps per second against no backend, its step time p50 / p99 / p99.9, its CPU
-seconds, and its voluntary (waits for the GIL or a lock) and involuntary (preempted) context switches.
+LifeboatCache at each `interference_io_workers` under each `interference_io_scheduling`, the io threads'
+Linux policy; each through SGLang's factory over a real host pool): the main thread's steps per second
+against no backend, its step time p50 / p99 / p99.9, its CPU seconds, and its voluntary (waits for the
+GIL or a lock) and involuntary (preempted) context switches.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .common import log
-from .sizes import Sizes, ints
+from .sizes import Sizes, ints, names
 
 def _switches() -> tuple[int, int]:
     """(voluntary, involuntary) context switches of the calling thread so far ((0, 0) off Linux)."""
@@ -101,24 +102,28 @@ def run(work: Path, sizes: Sizes, quick: bool = False) -> dict[str, Any]:
     slots = host.alloc(64 * 2 * n)
     fill(host, slots, "random", None, seed=1)
     seconds = 3.0 if quick else float(sizes.interference_s)
-    contenders = [("none", None), ("file", None)] + [("lifeboat", w) for w in ints(sizes.interference_io_workers)]
+    policies = names(sizes.interference_io_scheduling)
+    contenders = [("none", None, None), ("file", None, None)] + [
+        ("lifeboat", w, p) for w in ints(sizes.interference_io_workers) for p in policies]
     rows = []
-    for side, workers in contenders:
-        path = work / f"interference-{side}-{workers}"
+    for side, workers, policy in contenders:
+        path = work / f"interference-{side}-{workers}-{policy}"
         ctl = None
         if side == "file":
             ctl = attach("file", dev, host, path, sizes)
         elif side == "lifeboat":
-            ctl = Controller(dev, host, "dynamic", {**extra_for("lifeboat", path, sizes), "io_workers": workers})
+            ctl = Controller(dev, host, "dynamic", {**extra_for("lifeboat", path, sizes), "io_workers": workers,
+                                                    "io_scheduling": policy})
             ctl.backend.store.wait_rebuilt()
         try:
-            row = {"contender": side, "io_workers": workers, **measure(ctl, slots, sizes, seconds)}
+            row = {"contender": side, "io_workers": workers, "io_scheduling": policy,
+                   **measure(ctl, slots, sizes, seconds)}
         finally:
             if ctl is not None:
                 ctl.close_backend()
             shutil.rmtree(path, ignore_errors=True)
         log.info("interference %s%s: %.0f steps/s, p99 %.2f ms, %d involuntary switches", side,
-                 f" ({workers} io workers)" if workers else "", row["steps_per_s"], row["step_ms"]["p99"],
+                 f" ({workers} io workers, {policy})" if workers else "", row["steps_per_s"], row["step_ms"]["p99"],
                  row["involuntary_switches"])
         rows.append(row)
     base = rows[0]["steps_per_s"]

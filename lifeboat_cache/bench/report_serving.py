@@ -86,7 +86,8 @@ def interference_table(sec: Any) -> list[str]:
     for r in sec["rows"]:
         name = LABELS.get(r["contender"], r["contender"]).replace("HiCache + ", "")
         if r["io_workers"]:
-            name += f" (io_workers {r['io_workers']})"
+            policy = f", {r['io_scheduling']}" if r.get("io_scheduling") else ""
+            name += f" (io_workers {r['io_workers']}{policy})"
         st = r["step_ms"]
         out.append(f"| {name} | {_x(r['steps_vs_none'])} | {st['p50']:.2f} / {st['p99']:.2f} / {st['p999']:.2f} "
                    f"| {r['main_cpu_share']:.2f} | {r['voluntary_switches']:,} / {r['involuntary_switches']:,} "

@@ -68,6 +68,7 @@ class Sizes:
     interference_pages: int = 11        # pages (768 KiB) per backup burst: one 700-token prompt's pages
     interference_period_ms: int = 100   # a burst this often (110 pages/s, ~80 MB/s); every other one read back
     interference_io_workers: str = "8,1"  # LifeboatCache contenders (engine io_workers; 8 is the default)
+    interference_io_scheduling: str = "batch,normal"  # ... each under these io_scheduling (batch: the default)
 
 
 QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1, realkv_tokens=64,

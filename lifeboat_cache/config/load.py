@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from ..cpu_policy import POLICIES as IO_SCHEDULING
 from .settings import (
     COMPRESSIONS, MAX_KEY_NAMESPACE_BYTES, EncryptionSettings, EngineSettings, Settings, default_storage)
 from .storage import parse_tier
@@ -40,7 +41,7 @@ def parse_queue_size(value: Any, where: str) -> int | None:
 
 
 _ENGINE_KEYS = {"io_workers", "compression", "failure_cooldown_s", "failure_cooldown_max_s",
-                "copy_queue_size", "deadline_s", "trace"}
+                "copy_queue_size", "deadline_s", "trace", "io_scheduling"}
 
 
 def parse_engine(obj: Any, where: str = "engine") -> EngineSettings:
@@ -67,6 +68,8 @@ def parse_engine(obj: Any, where: str = "engine") -> EngineSettings:
         kw["trace"] = parse_bool(obj["trace"], f"{where}.trace")
     if "deadline_s" in obj:
         kw["deadline_s"] = parse_float(obj["deadline_s"], f"{where}.deadline_s", 0.05, 600)
+    if "io_scheduling" in obj:
+        kw["io_scheduling"] = parse_choice(obj["io_scheduling"], f"{where}.io_scheduling", IO_SCHEDULING)
     eng = EngineSettings(**kw)
     if eng.failure_cooldown_max_s < eng.failure_cooldown_s:
         raise ConfigError(
@@ -256,7 +259,8 @@ def apply_overrides(settings: Settings, overrides: Mapping[str, Any], source: st
     out = settings
     if nested:
         base = {k: getattr(settings.engine, k) for k in ("io_workers", "compression", "failure_cooldown_s",
-                                                          "failure_cooldown_max_s", "deadline_s", "trace")}
+                                                          "failure_cooldown_max_s", "deadline_s", "trace",
+                                                          "io_scheduling")}
         if settings.engine.copy_queue_explicit:  # else absent: it stays auto unless an override sets it
             base["copy_queue_size"] = settings.engine.copy_queue_bytes
         base.update(nested)

@@ -4,7 +4,7 @@
 Here only the types and what a missing key means, so a reader of a tier or the store sees every
 setting and its default in one place without the parsing.
 
-Core layer: imports only the ground floor (fsio: the write call bound).
+Core layer: imports only the ground floor (fsio: the write call bound; cpu_policy: the io threads' policies).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cpu_policy import DEFAULT_POLICY as DEFAULT_IO_SCHEDULING
 from ..fsio import WRITE_CALL_BYTES
 
 DEFAULT_IO_WORKERS = 8
@@ -76,6 +77,7 @@ class EngineSettings:
     copy_queue_explicit: bool = False
     deadline_s: float = DEFAULT_DEADLINE_S
     trace: bool = False
+    io_scheduling: str = DEFAULT_IO_SCHEDULING  # Linux policy of the io and copy threads (cpu_policy.py)
 
 
 @dataclass(frozen=True)

@@ -44,14 +44,14 @@ class IoCalls:
 
     def __init__(self, tiers: list[Tier], read_cooldowns: list[Cooldown],
                  write_cooldowns: list[Cooldown], counters: Counters, *, io_workers: int,
-                 deadline_s: float) -> None:
+                 deadline_s: float, policy: str = "normal") -> None:
         self.tiers = tiers  # the store's own list, not a copy: a tier swapped in there is used here too
         self.read_cooldowns = read_cooldowns
         self.write_cooldowns = write_cooldowns
         self.counters = counters
         self.deadline_s = deadline_s
         self.pool = IoWorkers(io_workers, max_workers=io_workers * IO_THREADS_PER_WORKER,
-                              counters=counters, stuck_s=deadline_s)
+                              counters=counters, stuck_s=deadline_s, policy=policy)
         self.arena = TaskArena()  # per io task: sealed records being written, records read privately
         self.closed = False
         self._probes: dict[int, int | None] = {}  # held tier level -> a key to probe it with

@@ -94,12 +94,12 @@ class ChunkStore:
         self.deadline_s = eng.deadline_s
         # the io pool, the deadline of every call and the hold / probe of hung tiers
         self.io = IoCalls(self.tiers, self.read_cooldowns, self.write_cooldowns, self.counters,
-                          io_workers=eng.io_workers, deadline_s=eng.deadline_s)
+                          io_workers=eng.io_workers, deadline_s=eng.deadline_s, policy=eng.io_scheduling)
         # the drive-choice rule of the first multi-drive tier: a dialog's first N pages pick its drive
         self.affinity_chunks = next((ts.affinity_chunks for ts in settings.storage if len(ts.paths) > 1), 1)
         # a single tier needs no copy, and so pays nothing for it
         self.copier = Copier(self.tiers, self.write_cooldowns, self.counters, max_bytes=eng.copy_queue_bytes,
-                             workers=min(DEFAULT_COPY_WORKERS, eng.io_workers),
+                             workers=min(DEFAULT_COPY_WORKERS, eng.io_workers), policy=eng.io_scheduling,
                              recode=self._recode if not self.compress and any(self.tier_compress[1:]) else None
                              ) if len(self.tiers) > 1 else None
         # pages a tier holds that this store will not serve (a key it does not hold): never "present"

@@ -47,7 +47,7 @@ class Copier:
     """Copies records to tiers[1:] through one :class:`~lifeboat_cache.background.BoundedWriter`."""
 
     def __init__(self, tiers: Sequence[Tier], cooldowns: Sequence["Cooldown"], counters: Counters, *,
-                 max_bytes: int, workers: int = DEFAULT_COPY_WORKERS,
+                 max_bytes: int, workers: int = DEFAULT_COPY_WORKERS, policy: str = "normal",
                  recode: Callable[[int, bytes], bytes | memoryview] | None = None) -> None:
         self.recode = recode  # (tier level, record) -> the record that tier stores (compression rule)
         self.tiers = list(tiers)
@@ -56,7 +56,7 @@ class Copier:
         self.max_bytes = max_bytes
         lower = ", ".join(t.name for t in self.tiers[1:])
         self._writer: BoundedWriter[_Item] = BoundedWriter(
-            self._copy, counters, max_bytes=max_bytes, workers=workers, name="lifeboat-copy",
+            self._copy, counters, max_bytes=max_bytes, workers=workers, name="lifeboat-copy", policy=policy,
             what=f"copies to {lower}", queue="copy", max_batch_jobs=COPY_BATCH_RECORDS,
             max_batch_bytes=COPY_BATCH_BYTES,
             names=WriterCounters(dropped_full="copy_dropped", dropped_full_bytes="copy_dropped_bytes",

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..cooldown import LogOnce
+from ..cpu_policy import apply_to_this_thread
 from ..metrics import Counters
 
 log = logging.getLogger(__name__)
@@ -140,8 +141,9 @@ class IoWorkers:
     """Elastic, bounded set of io threads (see the module docstring)."""
 
     def __init__(self, workers: int, *, max_workers: int, counters: Counters, stuck_s: float = 2.0,
-                 name: str = "lifeboat-io") -> None:
+                 name: str = "lifeboat-io", policy: str = "normal") -> None:
         self.workers = max(1, workers)
+        self.policy = policy  # each thread's scheduling policy (cpu_policy.py)
         self.stuck_s = stuck_s
         self._started: dict[int, float] = {}  # thread ident -> when its current task started
         self.max_workers = max(self.workers, max_workers)
@@ -196,6 +198,9 @@ class IoWorkers:
         return fut
 
     def _run(self) -> None:
+        refused = apply_to_this_thread(self.policy)
+        if refused:
+            self._capped.log("policy", "lifeboat: %s", refused)
         while True:
             with self._lock:
                 self._idle += 1

@@ -83,8 +83,8 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
         assert max(c["lifeboat"]["hit_rate"], c["file"]["hit_rate"], c["lru"]) <= c["belady"] + 1e-9, c
     assert rt["hot_set_restart"]["lifeboat"]["hit_rate_after_restart"] >= 0.95, rt["hot_set_restart"]
     itf = res["sections"]["interference"]  # every contender ran its steps beside its own backups
-    assert [(r["contender"], r["io_workers"]) for r in itf["rows"]] == [("none", None), ("file", None),
-                                                                         ("lifeboat", 8)]
+    assert [(r["contender"], r["io_workers"], r["io_scheduling"]) for r in itf["rows"]] == [
+        ("none", None, None), ("file", None, None), ("lifeboat", 8, "batch"), ("lifeboat", 8, "normal")]
     for r in itf["rows"]:
         assert r["steps"] > 0 and not r["errors"] and (r["pages_written"] > 0) == (r["contender"] != "none"), r
     cm = res["sections"]["compression"]["choices"]

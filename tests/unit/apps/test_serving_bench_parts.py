@@ -161,10 +161,10 @@ def test_interference_table_names_each_contender_and_its_costs() -> None:
            "voluntary_switches": 1, "involuntary_switches": 54, "pages_written": 0, "errors": []}
     sec = {"status": "ok", "seconds": 20, "pages_per_burst": 11, "page_bytes": 786432, "period_ms": 100, "rows": [
         {**row, "contender": "none", "io_workers": None},
-        {**row, "contender": "lifeboat", "io_workers": 1, "steps_vs_none": 0.98, "voluntary_switches": 3010,
-         "pages_written": 2200}]}
+        {**row, "contender": "lifeboat", "io_workers": 1, "io_scheduling": "batch", "steps_vs_none": 0.98,
+         "voluntary_switches": 3010, "pages_written": 2200}]}
     md = "\n".join(interference_table(sec))
     assert "| no HiCache | 1.00x | 1.30 / 1.40 / 1.60 | 1.00 | 1 / 54 | 0 | 0 |" in md
-    assert "| LifeboatCache (io_workers 1) | 0.98x |" in md and "3,010 / 54 | 2,200 |" in md
+    assert "| LifeboatCache (io_workers 1, batch) | 0.98x |" in md and "3,010 / 54 | 2,200 |" in md
     assert "11 pages of 0.75 MiB every 100 ms" in md
     assert "failed" in "\n".join(interference_table({"status": "failed", "error": "boom"}))

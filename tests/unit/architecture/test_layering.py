@@ -3,7 +3,7 @@
 A module's layer is its top-level folder; the modules at the package's top level are the ground floor
 (small utilities that import nothing else of the package). Lowest first:
 
-    ground        fsio, cooldown, metrics, background, tracing (lifeboat_cache/*.py)
+    ground        fsio, cooldown, metrics, background, tracing, cpu_policy (lifeboat_cache/*.py)
     core          config/, records/, index/, retention/
     tiers         tiers/
     store         store/

@@ -69,7 +69,7 @@ _TIER_KEYS = {
            "max_attempts", "refresh_interval_s", "capacity", "failure_cooldown_s", "failure_cooldown_max_s"],
 }
 _ENGINE_KEYS = ["io_workers", "compression", "failure_cooldown_s", "failure_cooldown_max_s", "copy_queue_size",
-                "trace"]
+                "trace", "deadline_s", "io_scheduling"]
 _BASE_TIERS = {"local": {"type": "local", "path": "/tmp/lb"}, "nfs": {"type": "nfs", "path": "/mnt/lb"},
                "s3": {"type": "s3", "bucket": "kv"}}
 
