@@ -20,10 +20,15 @@ KERNEL = {"batch": getattr(os, "SCHED_BATCH", None), "idle": getattr(os, "SCHED_
           "normal": getattr(os, "SCHED_OTHER", None)}
 
 
-def _policies(prefix: str) -> set[int]:
-    """The kernel's policy of every live thread whose name starts with prefix."""
+def _policies(prefix: str, before: set[int]) -> set[int]:
+    """The kernel's policy of every live thread named prefix... that was not there `before` (a store's threads,
+    not those of another test's store that is still shutting down)."""
     return {os.sched_getscheduler(t.native_id) for t in threading.enumerate()
-            if t.name.startswith(prefix) and t.native_id is not None}
+            if t.name.startswith(prefix) and t.native_id is not None and t.native_id not in before}
+
+
+def _threads() -> set[int]:
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
 
 
 def _two_tiers(tmp_path, policy: str):
@@ -37,14 +42,15 @@ def _two_tiers(tmp_path, policy: str):
 def test_io_and_copy_threads_run_under_the_configured_policy(tmp_path, policy):
     ks = keys(32)
     pages = [page(i) for i in range(32)]
+    before, mine = _threads(), os.sched_getscheduler(0)
     with ChunkStore.open(_two_tiers(tmp_path, policy), background=False) as st:
         assert all(st.put(NS, ks, pages))
         st.flush()  # the copies to the second tier have run
-        io, copy = _policies("lifeboat-io"), _policies("lifeboat-copy")
+        io, copy = _policies("lifeboat-io", before), _policies("lifeboat-copy", before)
         assert io == {KERNEL[policy]}, f"io threads under {io}, configured {policy}"
         assert copy == {KERNEL[policy]}, f"copy threads under {copy}, configured {policy}"
         # the caller's thread (SGLang's, in a server) is never moved
-        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+        assert os.sched_getscheduler(0) == mine
         out = [np.zeros_like(p) for p in pages]
         assert all(st.get_into(NS, ks, out))
         assert all(np.array_equal(a, b) for a, b in zip(out, pages))
@@ -52,10 +58,11 @@ def test_io_and_copy_threads_run_under_the_configured_policy(tmp_path, policy):
 
 @linux_only
 def test_the_default_is_batch(tmp_path):
+    before = _threads()
     with ChunkStore.open(local_settings(tmp_path), background=False) as st:
         assert st.settings.engine.io_scheduling == "batch"
         assert all(st.put(NS, keys(8), [page(i) for i in range(8)]))
-        assert _policies("lifeboat-io") == {os.SCHED_BATCH}
+        assert _policies("lifeboat-io", before) == {os.SCHED_BATCH}
 
 
 @pytest.mark.parametrize("value", ["fifo", "", 3, None, ["batch"], "BATCH "])
