@@ -175,9 +175,7 @@ class BoundedWriter(Generic[J]):
             return batch
 
     def _run(self) -> None:
-        refused = apply_to_this_thread(self._policy)
-        if refused:
-            self._policy_log.log("policy", "lifeboat: %s", refused)
+        apply_to_this_thread(self._policy, self._policy_log)
         while True:
             batch = self._take()
             if batch is None:

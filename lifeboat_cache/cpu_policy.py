@@ -11,31 +11,30 @@ pool's CPU priority for the same reason (`Env::LowerThreadPoolCPUPriority`).
 A thread sets its own policy when it starts (Linux keeps the policy per thread; a new thread takes
 its creator's). `normal` leaves a thread as it was created. Elsewhere (macOS) every policy is
 `normal`. A thread may always move to `SCHED_BATCH` or `SCHED_IDLE` without privileges; a kernel or
-sandbox that refuses it leaves the thread as it was, and the caller logs that once.
+sandbox that refuses it leaves the thread as it was, logged once per pool.
 """
 
 from __future__ import annotations
 
 import os
 
+from .cooldown import LogOnce
+
 POLICIES = ("batch", "normal", "idle")
 DEFAULT_POLICY = "batch"
+_LINUX = {"batch": getattr(os, "SCHED_BATCH", None), "idle": getattr(os, "SCHED_IDLE", None)}  # None: leave as is
 
 
-def _linux_policy(name: str) -> int | None:
-    return {"batch": getattr(os, "SCHED_BATCH", None), "idle": getattr(os, "SCHED_IDLE", None)}.get(name)
-
-
-def apply_to_this_thread(policy: str) -> str | None:
-    """Put the calling thread under `policy` (one of POLICIES); None when done (or nothing to do), else
-    why not, for the caller to log once."""
+def apply_to_this_thread(policy: str, refusals: LogOnce) -> None:
+    """Put the calling thread under `policy` (one of POLICIES); a refusal is logged once through `refusals`
+    (the caller's gate, so one line per pool, not per thread)."""
     if policy not in POLICIES:
         raise ValueError(f"io scheduling policy {policy!r}: use one of {', '.join(POLICIES)}")
-    linux = _linux_policy(policy)
+    linux = _LINUX.get(policy)
     if linux is None or not hasattr(os, "sched_setscheduler"):
-        return None
+        return
     try:
         os.sched_setscheduler(0, linux, os.sched_param(0))  # pid 0: the calling thread
     except OSError as e:
-        return f"cannot move io threads to SCHED_{policy.upper()} ({e}); they run under the default policy"
-    return None
+        refusals.log("cpu_policy", "lifeboat: cannot move io threads to SCHED_%s (%s); they run under the "
+                     "default policy", policy.upper(), e)

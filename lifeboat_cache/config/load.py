@@ -258,9 +258,8 @@ def apply_overrides(settings: Settings, overrides: Mapping[str, Any], source: st
     nested.update(engine_fields)
     out = settings
     if nested:
-        base = {k: getattr(settings.engine, k) for k in ("io_workers", "compression", "failure_cooldown_s",
-                                                          "failure_cooldown_max_s", "deadline_s", "trace",
-                                                          "io_scheduling")}
+        # every engine key as the settings hold it; copy_queue_size only where it was given (else auto)
+        base = {k: getattr(settings.engine, k) for k in _ENGINE_KEYS - {"copy_queue_size"}}
         if settings.engine.copy_queue_explicit:  # else absent: it stays auto unless an override sets it
             base["copy_queue_size"] = settings.engine.copy_queue_bytes
         base.update(nested)

@@ -198,9 +198,7 @@ class IoWorkers:
         return fut
 
     def _run(self) -> None:
-        refused = apply_to_this_thread(self.policy)
-        if refused:
-            self._capped.log("policy", "lifeboat: %s", refused)
+        apply_to_this_thread(self.policy, self._capped)
         while True:
             with self._lock:
                 self._idle += 1

@@ -12,6 +12,7 @@ from support.chunks import keys, local_settings, page
 
 from lifeboat_cache import ChunkStore, ConfigError, namespace_fingerprint
 from lifeboat_cache.config import settings_from_dict
+from lifeboat_cache.cooldown import LogOnce
 from lifeboat_cache.cpu_policy import apply_to_this_thread
 
 linux_only = pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux scheduling policies")
@@ -75,4 +76,4 @@ def test_a_bad_value_names_the_key_and_the_choices(tmp_path, value):
 
 def test_an_unknown_policy_is_a_caller_bug():
     with pytest.raises(ValueError, match="batch, normal, idle"):
-        apply_to_this_thread("realtime")
+        apply_to_this_thread("realtime", LogOnce())
