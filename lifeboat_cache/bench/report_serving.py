@@ -26,10 +26,17 @@ def serving_tables(sec: Any) -> list[str]:
         return out + [section_status(sec)]
     t, pools = sec["trace"], sec["pools_tokens"]
     ratio = sec.get("kv_over_pools")
-    out += [f"{t['conversations']} conversations x {t['turns']} turns ({t['before_restart']} requests, then a "
-            f"{sec['stop'].upper()} and a new server on the same store, then {t['after_restart']}); "
-            f"{sec['output_tokens']} greedy output tokens each; device pool {pools['device']:,} tokens, host pool "
-            f"{pools['host']:,}; the conversations' KV is {sec.get('conversations_kv_tokens', 0):,} tokens"
+    if t.get("dataset") == "shared_prefix":
+        traffic = (f"SGLang's generated-shared-prefix: {t['groups']} groups x {t['per_group']} users, a "
+                   f"{t['system_tokens']}-token system prompt per group and a {t['question_tokens']}-token question "
+                   f"per user ({t['before_restart']} requests, then a {sec['stop'].upper()} and a new server on the "
+                   f"same store, then the same {t['after_restart']} again)")
+    else:
+        traffic = (f"{t['conversations']} conversations x {t['turns']} turns ({t['before_restart']} requests, then "
+                   f"a {sec['stop'].upper()} and a new server on the same store, then {t['after_restart']})")
+    kv = sec.get("conversations_kv_tokens", 0)
+    out += [traffic + f"; {sec['output_tokens']} greedy output tokens each; device pool {pools['device']:,} tokens, "
+            f"host pool {pools['host']:,}; the traffic's distinct KV is {kv:,} tokens"
             + (f" ({ratio:.1f}x device + host)" if ratio else "")
             + f"; prefetch policy {sec['prefetch_policy']}, write policy {sec['write_policy']}, host memory mode "
             f"{sec.get('host_mode', 'cache')} (storage servers). "

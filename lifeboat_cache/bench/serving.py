@@ -12,7 +12,9 @@ pool (`--max-total-tokens`) and the host pool (`--hicache-ratio` x the device po
 the conversations' KV is several times what device + host hold and a returning prompt's prefix is, if
 anywhere, in storage. After `serving_restart_turn` turns the server is stopped (SIGTERM, or SIGKILL with
 `serving_stop=sigkill`) and a new one starts on the same store for the remaining turns: every returning
-conversation of the second half comes back to a process that has never seen it.
+conversation of the second half comes back to a process that has never seen it. With
+`serving_dataset=shared_prefix` the traffic is SGLang's own `generated-shared-prefix` instead (groups of users
+sharing a system prompt, `serving_shared_prefix`), the whole set sent before the restart and again after it.
 
 Per server (`serving_load.summary`): request throughput and output tokens/s over the run, TTFT p50 /
 p90 / p99 (all requests of both halves; and p50 per half: the cold-start cliff), prompt tokens per
@@ -34,7 +36,8 @@ from .common import log
 from .server import start
 from .serving_floor import probe
 from .serving_load import command, differing, run_half, summary, ttft_p50_ms
-from .serving_trace import TraceShape, halves, write
+from .serving_shared_prefix import SharedPrefixShape
+from .serving_trace import TraceShape, dataset_args, halves, write
 from .sizes import Sizes, ints, names
 
 SERVERS = ("none", "host", "file", "lifeboat")
@@ -43,6 +46,7 @@ PREFETCH_POLICIES = ("timeout", "best_effort", "wait_complete")
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_MODES = ("cache", "buffer_only")
 STOPS = ("sigterm", "sigkill")
+DATASETS = ("multi_turn", "shared_prefix")  # our seeded conversations; SGLang's generated-shared-prefix
 KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M: K and V, 30 layers, 3 KV heads of 64, float32
 
 
@@ -51,7 +55,8 @@ def check(sizes: Sizes) -> None:
     for key, value, allowed in (("serving_prefetch_policy", sizes.serving_prefetch_policy, PREFETCH_POLICIES),
                                 ("serving_write_policy", sizes.serving_write_policy, WRITE_POLICIES),
                                 ("serving_host_mode", sizes.serving_host_mode, HOST_MODES),
-                                ("serving_stop", sizes.serving_stop, STOPS)):
+                                ("serving_stop", sizes.serving_stop, STOPS),
+                                ("serving_dataset", sizes.serving_dataset, DATASETS)):
         if value not in allowed:
             raise ValueError(f"--size {key}={value}: choose one of {', '.join(allowed)}")
     bad = [s for s in names(sizes.serving_servers) if s not in SERVERS]
@@ -61,6 +66,8 @@ def check(sizes: Sizes) -> None:
     if sizes.serving_floor_prompts < 0:
         raise ValueError(f"--size serving_floor_prompts={sizes.serving_floor_prompts}: a count of prompts, 0 for no "
                          "floor probe")
+    if sizes.serving_dataset == "shared_prefix":
+        SharedPrefixShape.parse(sizes.serving_shared_prefix)
     if float(sizes.serving_host_ratio) <= 1.0:
         raise ValueError(f"--size serving_host_ratio={sizes.serving_host_ratio}: SGLang needs a host pool larger "
                          "than the device pool (a ratio > 1)")
@@ -79,8 +86,10 @@ class ServingPlan:
         self.shape = TraceShape(conversations=sizes.serving_conversations, turns=sizes.serving_turns,
                                 system_words=sizes.serving_system_words, user_words=sizes.serving_user_words,
                                 reply_words=sizes.serving_reply_words, seed=sizes.serving_seed)
-        self.halves = halves(self.shape, sizes.serving_restart_turn)
-        self.trace = write(work / "serving-trace.json", self.shape)
+        self.shared = (SharedPrefixShape.parse(sizes.serving_shared_prefix)
+                       if sizes.serving_dataset == "shared_prefix" else None)
+        self.halves = self.shared.halves() if self.shared else halves(self.shape, sizes.serving_restart_turn)
+        self.trace = None if self.shared else write(work / "serving-trace.json", self.shape)
         self.servers = names(sizes.serving_servers)
         self.dirs = {"lifeboat": work / "serving-lifeboat", "file": work / "serving-file"}
         self.logs = work / "serving-logs"
@@ -107,6 +116,13 @@ class ServingPlan:
         self.pool_tokens = {"device": sizes.serving_device_tokens,
                             "host": int(ratio * sizes.serving_device_tokens)}
 
+    def dataset(self, offset: int) -> list[str]:
+        """bench_serving's dataset arguments for a half starting at visit `offset`."""
+        if self.shared:
+            return self.shared.args(self.sizes.serving_output_tokens)
+        assert self.trace is not None
+        return dataset_args(self.trace, offset)
+
     def server(self, name: str, tag: str) -> Any:
         from ..testing import SGLangServer
 
@@ -122,7 +138,7 @@ def one_server(plan: ServingPlan, name: str, concurrency: int, work: Path) -> di
         srv = plan.server(name, tag)
         try:
             start(srv)
-            cmd = command(srv, plan.model, plan.trace, offset=offset, count=count, concurrency=concurrency,
+            cmd = command(srv, plan.model, plan.dataset(offset), count=count, concurrency=concurrency,
                           output_tokens=plan.sizes.serving_output_tokens, out_file=work / f"{tag}.jsonl",
                           seed=plan.sizes.serving_seed)
             load0 = os.getloadavg()[0]
@@ -142,7 +158,7 @@ def one_server(plan: ServingPlan, name: str, concurrency: int, work: Path) -> di
             srv.kill()
     out["summary"] = summary(out["halves"])
     out["ttft_p50_ms_by_half"] = [ttft_p50_ms(h) for h in out["halves"]]
-    if name in FLOOR_SERVERS and plan.sizes.serving_floor_prompts > 0:
+    if name in FLOOR_SERVERS and plan.sizes.serving_floor_prompts > 0 and plan.trace is not None:
         try:
             out["floor"] = probe(plan, name, concurrency, work)
         except Exception as e:  # the run's figures stand without it; the results say why it is missing
@@ -179,14 +195,18 @@ def run(work: Path, sizes: Sizes) -> dict[str, Any]:
                     cmp[name] = [differing(a, b) for a, b in zip(runs[name]["halves"], runs["none"]["halves"])]
             _floor_answers(runs, plan.halves[1][0])
         by_conc[str(conc)] = {"servers": runs, "answers_vs_none": cmp}
-    first = plan.halves[0][1]
-    kv_tokens = _conversation_tokens(by_conc, plan.shape.conversations)
+    (_, first), (_, second) = plan.halves
+    if plan.shared:
+        trace: dict[str, Any] = {"dataset": "shared_prefix", **plan.shared.__dict__}
+        kv_tokens = plan.shared.distinct_tokens
+    else:
+        trace = {"dataset": "multi_turn", **plan.shape.__dict__}
+        kv_tokens = _conversation_tokens(by_conc, plan.shape.conversations)
     pools = plan.pool_tokens["device"] + plan.pool_tokens["host"]
     return {
         "model": "SmolLM2-135M-Instruct, float32, HF layout", "cores": os.cpu_count(),
         "flags": " ".join(plan.base[2:]),
-        "trace": {**plan.shape.__dict__, "visits": plan.shape.visits, "before_restart": first,
-                  "after_restart": plan.shape.visits - first},
+        "trace": {**trace, "visits": first + second, "before_restart": first, "after_restart": second},
         "pools_tokens": plan.pool_tokens, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
         "conversations_kv_tokens": kv_tokens, "kv_over_pools": kv_tokens / pools if pools else None,
         "prefetch_policy": sizes.serving_prefetch_policy, "write_policy": sizes.serving_write_policy,

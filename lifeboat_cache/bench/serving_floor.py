@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .serving_load import command, run_half
+from .serving_trace import dataset_args
 
 WARMUP = [{"role": "system", "content": "Warm-up request of the LifeboatCache serving benchmark's floor probe."},
           {"role": "user", "content": "Say hello in one short sentence."}]
@@ -81,7 +82,7 @@ def probe(plan: Any, name: str, concurrency: int, work: Path) -> dict[str, Any]:
     srv = plan.server(name, tag)
     try:
         start(srv)
-        cmd = command(srv, plan.model, trace, offset=0, count=1 + 2 * len(visits), concurrency=1,
+        cmd = command(srv, plan.model, dataset_args(trace, 0), count=1 + 2 * len(visits), concurrency=1,
                       output_tokens=plan.sizes.serving_output_tokens, out_file=work / f"{tag}.jsonl",
                       seed=plan.sizes.serving_seed)
         res = run_half(srv, cmd, work / f"{tag}.jsonl", plan.logs / f"{tag}.bench.log")

@@ -56,14 +56,13 @@ def grown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {k: after[k] - before.get(k, 0.0) for k in sorted(after)}
 
 
-def command(srv: Any, model: Path, trace: Path, *, offset: int, count: int, concurrency: int, output_tokens: int,
+def command(srv: Any, model: Path, dataset: Sequence[str], *, count: int, concurrency: int, output_tokens: int,
             out_file: Path, seed: int) -> list[str]:
-    """The `python -m sglang.bench_serving` command line of one half (greedy, fixed seed, no warm-up)."""
+    """The `python -m sglang.bench_serving` command line of one half (greedy, fixed seed, no warm-up);
+    `dataset`: the dataset's own arguments (serving_trace.dataset_args, SharedPrefixShape.args)."""
     return [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai-chat",
             "--host", srv.url.split("//")[1].split(":")[0], "--port", str(srv.port),
-            "--model", str(model), "--tokenizer", str(model),
-            "--dataset-name", "agentic-trace", "--dataset-path", str(trace),
-            "--dataset-offset", str(offset), "--num-prompts", str(count),
+            "--model", str(model), "--tokenizer", str(model), *dataset, "--num-prompts", str(count),
             "--sharegpt-output-len", str(output_tokens), "--max-concurrency", str(concurrency),
             "--request-rate", "inf", "--warmup-requests", "0", "--seed", str(seed), "--cache-report",
             "--output-file", str(out_file), "--output-details", "--disable-tqdm"]

@@ -115,6 +115,11 @@ def halves(shape: TraceShape, turns_before_restart: int) -> tuple[tuple[int, int
     return (0, first), (first, shape.visits - first)
 
 
+def dataset_args(path: Path, offset: int) -> list[str]:
+    """bench_serving's arguments that select this trace from visit `offset` on (`--num-prompts` is the caller's)."""
+    return ["--dataset-name", FORMAT, "--dataset-path", str(path), "--dataset-offset", str(offset)]
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m lifeboat_cache.bench.serving_trace OUT.json [--conversations N ...]`: write a trace for
     `python -m sglang.bench_serving --dataset-name agentic-trace` against any server (docs/perf/serving.md)."""

@@ -60,6 +60,8 @@ class Sizes:
     serving_write_policy: str = "write_through"     # or write_through_selective, write_back
     serving_host_mode: str = "cache"                # --hicache-host-memory-mode: or buffer_only
     serving_stop: str = "sigterm"                   # or sigkill: the restart in the middle
+    serving_dataset: str = "multi_turn"             # or shared_prefix: SGLang's generated-shared-prefix
+    serving_shared_prefix: str = "8,6,900,48"       # its groups, users per group, system and question tokens
     serving_seed: int = 1
     serving_threads: int = 1                        # OMP_NUM_THREADS of every server (see serving.py)
     serving_floor_prompts: int = 8                  # returning prompts probed alone afterwards (serving_floor.py)
