@@ -4,11 +4,13 @@ them: groups of users sharing one system prompt, the same prompts every time, bo
 
 from __future__ import annotations
 
+import random
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from lifeboat_cache.bench.serving import check
@@ -53,10 +55,6 @@ def rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: Path, seed: int
     args = parsed(monkeypatch, cmd)
     assert (args.dataset_name, args.num_prompts, args.gsp_num_groups, args.gsp_prompts_per_group) == (
         "generated-shared-prefix", 12, 3, 4)
-    import random
-
-    import numpy as np
-
     random.seed(args.seed)  # as bench_serving's run does before it builds the dataset
     np.random.seed(args.seed)
     return get_dataset(args, get_tokenizer(str(model)))
