@@ -10,7 +10,8 @@ The traffic is our seeded multi-turn trace (`serving_trace`): conversations that
 back after all the others, replayed by `python -m sglang.bench_serving` at each concurrency. The device
 pool (`--max-total-tokens`) and the host pool (`--hicache-ratio` x the device pool) are sized small, so
 the conversations' KV is several times what device + host hold and a returning prompt's prefix is, if
-anywhere, in storage. After `serving_restart_turn` turns the server is stopped (SIGTERM, or SIGKILL with
+anywhere, in storage (`serving_host_gb` sizes the host pool in GB instead, the LifeboatCache server's
+through LIFEBOAT_SGLANG_HOST_GB as users set it). After `serving_restart_turn` turns the server is stopped (SIGTERM, or SIGKILL with
 `serving_stop=sigkill`) and a new one starts on the same store for the remaining turns: every returning
 conversation of the second half comes back to a process that has never seen it. With
 `serving_dataset=shared_prefix` the traffic is SGLang's own `generated-shared-prefix` instead (groups of users
@@ -68,7 +69,7 @@ def check(sizes: Sizes) -> None:
                          "floor probe")
     if sizes.serving_dataset == "shared_prefix":
         SharedPrefixShape.parse(sizes.serving_shared_prefix)
-    if float(sizes.serving_host_ratio) <= 1.0:
+    if not sizes.serving_host_gb and float(sizes.serving_host_ratio) <= 1.0:
         raise ValueError(f"--size serving_host_ratio={sizes.serving_host_ratio}: SGLang needs a host pool larger "
                          "than the device pool (a ratio > 1)")
 
@@ -78,6 +79,7 @@ class ServingPlan:
 
     def __init__(self, work: Path, sizes: Sizes) -> None:
         from ..demo import ensure_model
+        from ..integrations.launch import ENV_HOST_GB
         from ..testing import FILE_BACKEND_DIR_ENV, cpu_flags, hicache_flags
 
         check(sizes)
@@ -93,7 +95,10 @@ class ServingPlan:
         self.servers = names(sizes.serving_servers)
         self.dirs = {"lifeboat": work / "serving-lifeboat", "file": work / "serving-file"}
         self.logs = work / "serving-logs"
-        ratio = float(sizes.serving_host_ratio)
+        # the host pool: ratio x the device pool, or serving_host_gb GB, which the LifeboatCache server gets
+        # from LIFEBOAT_SGLANG_HOST_GB (the plugin sets --hicache-size) and the others as --hicache-size
+        gb = sizes.serving_host_gb
+        ratio = None if gb else float(sizes.serving_host_ratio)
         self.base = cpu_flags(self.model, max_total_tokens=sizes.serving_device_tokens)
         hicache = ["--hicache-mem-layout", "layer_first", "--hicache-io-backend", "direct",
                    "--hicache-write-policy", sizes.serving_write_policy]
@@ -104,17 +109,18 @@ class ServingPlan:
         store = {"storage": [{"type": "local", "path": str(self.dirs["lifeboat"])}]}
         self.flags = {
             "none": self.base,
-            "host": self.base + hicache_flags("none", host_ratio=ratio) + hicache,
-            "file": self.base + hicache_flags("file", host_ratio=ratio) + hicache + policy,
-            "lifeboat": self.base + hicache_flags("lifeboat", store, host_ratio=ratio) + hicache + policy,
+            "host": self.base + hicache_flags("none", host_gb=gb, host_ratio=ratio) + hicache,
+            "file": self.base + hicache_flags("file", host_gb=gb, host_ratio=ratio) + hicache + policy,
+            "lifeboat": self.base + hicache_flags("lifeboat", store, host_gb=None, host_ratio=ratio) + hicache + policy,
         }
         # one intra-op thread per server: on a shared 2-core VM two OpenMP threads wait on each other whenever
         # either is descheduled (seen at load 8: 4 s per decode step of 4 requests, 0.6 output tok/s)
         threads = {"OMP_NUM_THREADS": str(sizes.serving_threads)}
         self.env = {"none": threads, "host": threads, "file": {**threads, FILE_BACKEND_DIR_ENV: str(self.dirs["file"])},
-                    "lifeboat": {**threads, "LIFEBOAT_STATS_INTERVAL_S": "1"}}
-        self.pool_tokens = {"device": sizes.serving_device_tokens,
-                            "host": int(ratio * sizes.serving_device_tokens)}
+                    "lifeboat": {**threads, "LIFEBOAT_STATS_INTERVAL_S": "1",
+                                 **({ENV_HOST_GB: str(gb)} if gb else {})}}
+        device = sizes.serving_device_tokens
+        self.pool_tokens = {"device": device, "host": gb * 10**9 // KV_BYTES_PER_TOKEN if gb else int(ratio * device)}
 
     def dataset(self, offset: int) -> list[str]:
         """bench_serving's dataset arguments for a half starting at visit `offset`."""
@@ -210,7 +216,7 @@ def run(work: Path, sizes: Sizes) -> dict[str, Any]:
         "pools_tokens": plan.pool_tokens, "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
         "conversations_kv_tokens": kv_tokens, "kv_over_pools": kv_tokens / pools if pools else None,
         "prefetch_policy": sizes.serving_prefetch_policy, "write_policy": sizes.serving_write_policy,
-        "host_mode": sizes.serving_host_mode,
+        "host_mode": sizes.serving_host_mode, "host_gb": sizes.serving_host_gb or None,
         "stop": sizes.serving_stop, "output_tokens": sizes.serving_output_tokens, "threads": sizes.serving_threads,
         "load_avg_end": os.getloadavg(), "concurrency": by_conc,
     }

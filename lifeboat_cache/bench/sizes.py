@@ -56,6 +56,7 @@ class Sizes:
     serving_output_tokens: int = 16
     serving_device_tokens: int = 3072   # --max-total-tokens
     serving_host_ratio: str = "2"       # --hicache-ratio: host pool = ratio x device pool
+    serving_host_gb: int = 0            # >0: a host pool of this many GB instead (LIFEBOAT_SGLANG_HOST_GB)
     serving_prefetch_policy: str = "wait_complete"  # or timeout (SGLang's default), best_effort
     serving_write_policy: str = "write_through"     # or write_through_selective, write_back
     serving_host_mode: str = "cache"                # --hicache-host-memory-mode: or buffer_only
@@ -84,7 +85,8 @@ QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1
 
 
 CHOICES = {"lifeboat_tier": ("local", "nfs")}  # sizes that name one of a few things
-ZERO_TURNS_OFF = {"serving_floor_prompts"}  # counts where 0 means "skip this part"
+ZERO_MEANS = {"serving_floor_prompts": "no floor probe",  # counts where 0 has a meaning of its own
+              "serving_host_gb": "the host pool is sized by serving_host_ratio"}
 
 
 def make(quick: bool, overrides: list[str]) -> Sizes:
@@ -102,8 +104,9 @@ def make(quick: bool, overrides: list[str]) -> Sizes:
                 kw[key] = int(value)
             except ValueError:
                 raise ValueError(f"--size {key}: {value!r} is not an integer") from None
-            if kw[key] < 0 or (kw[key] == 0 and key not in ZERO_TURNS_OFF):
-                raise ValueError(f"--size {key}: must be " + (">= 0 (0: skip it)" if key in ZERO_TURNS_OFF else "> 0"))
+            if kw[key] < 0 or (kw[key] == 0 and key not in ZERO_MEANS):
+                raise ValueError(f"--size {key}: must be " + (f">= 0 (0: {ZERO_MEANS[key]})" if key in ZERO_MEANS
+                                                              else "> 0"))
         elif key in CHOICES and value.strip() not in CHOICES[key]:
             raise ValueError(f"--size {key}: {value!r} is not one of {', '.join(CHOICES[key])}")
         else:

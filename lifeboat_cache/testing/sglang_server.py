@@ -60,13 +60,16 @@ def cpu_flags(model_dir: Path | str, *, dtype: str = "float32", max_total_tokens
             "--page-size", str(page_size), "--skip-server-warmup", "--enable-metrics"]
 
 
-def hicache_flags(backend: str, extra_config: Optional[Mapping[str, Any]] = None, *, host_gb: int = 1,
+def hicache_flags(backend: str, extra_config: Optional[Mapping[str, Any]] = None, *, host_gb: Optional[int] = 1,
                   host_ratio: Optional[float] = None) -> list[str]:
     """`--enable-hierarchical-cache` with `backend` (`lifeboat`: the `dynamic` launch of docs/sglang.md).
 
     The host pool is `host_gb` GB, or `host_ratio` times the device pool when given (a pool smaller than
-    1 GB, which `--hicache-size` cannot say). `backend` "none": host memory only, no storage backend."""
-    size = ["--hicache-ratio", str(host_ratio)] if host_ratio else ["--hicache-size", str(host_gb)]
+    1 GB, which `--hicache-size` cannot say); neither: no size flag (SGLang's default, or what the
+    LifeboatCache plugin sets, e.g. from LIFEBOAT_SGLANG_HOST_GB). `backend` "none": host memory only,
+    no storage backend."""
+    size = (["--hicache-ratio", str(host_ratio)] if host_ratio else
+            ["--hicache-size", str(host_gb)] if host_gb else [])
     flags = ["--enable-hierarchical-cache", *size]
     if backend == "none":
         return flags

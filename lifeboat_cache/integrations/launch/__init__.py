@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from .cpu import register_cpu_hooks
-from .env import ENV_ENABLE, SGLANG_VARIABLES, parse_enable, parse_staging_tokens, parse_zero_copy
+from .env import ENV_ENABLE, ENV_HOST_GB, SGLANG_VARIABLES, parse_enable, parse_staging_tokens, parse_zero_copy
 from .preflight import EXTRA_CONFIG, SGLANG_KEYS, check_launch_config
 from .rules import Decision, LaunchFacts, LaunchPlan, plan_launch_tuning
 from .sizing import (
@@ -18,8 +18,8 @@ from .sizing import (
     staging_pages)
 
 __all__ = [
-    "BACKEND_EXTRA_CONFIG", "DEFAULT_STAGING_TOKENS", "Decision", "ENV_ENABLE", "EXTRA_CONFIG", "LaunchFacts",
-    "LaunchPlan", "SGLANG_KEYS", "SGLANG_STAGING_PAGE_CHUNK", "SGLANG_VARIABLES", "check_launch_config",
+    "BACKEND_EXTRA_CONFIG", "DEFAULT_STAGING_TOKENS", "Decision", "ENV_ENABLE", "ENV_HOST_GB", "EXTRA_CONFIG",
+    "LaunchFacts", "LaunchPlan", "SGLANG_KEYS", "SGLANG_STAGING_PAGE_CHUNK", "SGLANG_VARIABLES", "check_launch_config",
     "is_lifeboat_extra_config", "parse_enable", "parse_staging_tokens", "parse_zero_copy", "plan_launch_tuning",
     "ranks_on_host", "register_cpu_hooks", "staging_pages",
 ]

@@ -49,7 +49,7 @@ def test_bad_option_names_the_size_key_and_the_choices(key: str, value: str, say
 
 def test_floor_prompts_may_be_zero_to_skip_the_probe() -> None:
     assert make(False, ["serving_floor_prompts=0"]).serving_floor_prompts == 0
-    with pytest.raises(ValueError, match=r"serving_floor_prompts: must be >= 0 \(0: skip it\)"):
+    with pytest.raises(ValueError, match=r"serving_floor_prompts: must be >= 0 \(0: no floor probe\)"):
         make(False, ["serving_floor_prompts=-1"])
     with pytest.raises(ValueError, match="serving_turns: must be > 0"):
         make(False, ["serving_turns=0"])
@@ -168,3 +168,25 @@ def test_interference_table_names_each_contender_and_its_costs() -> None:
     assert "| LifeboatCache (io_workers 1, batch) | 0.98x |" in md and "3,010 / 54 | 2,200 |" in md
     assert "11 pages of 0.75 MiB every 100 ms" in md
     assert "failed" in "\n".join(interference_table({"status": "failed", "error": "boom"}))
+
+
+def test_host_pool_in_gb_goes_to_lifeboat_through_its_variable_and_to_the_others_as_a_flag(tmp_path) -> None:
+    """serving_host_gb: every HiCache server gets a pool of that many GB, the LifeboatCache one the way users
+    set it (LIFEBOAT_SGLANG_HOST_GB, the plugin types --hicache-size); 0 keeps the ratio for all of them."""
+    from lifeboat_cache.bench.serving import KV_BYTES_PER_TOKEN, ServingPlan
+
+    def size_flags(flags: list[str]) -> list[str]:
+        return [f"{f} {flags[i + 1]}" for i, f in enumerate(flags) if f in ("--hicache-size", "--hicache-ratio")]
+
+    plan = ServingPlan(tmp_path, make(True, ["serving_host_gb=2"]))
+    assert size_flags(plan.flags["host"]) == size_flags(plan.flags["file"]) == ["--hicache-size 2"]
+    assert size_flags(plan.flags["lifeboat"]) == [] and size_flags(plan.flags["none"]) == []
+    assert plan.env["lifeboat"]["LIFEBOAT_SGLANG_HOST_GB"] == "2"
+    assert "LIFEBOAT_SGLANG_HOST_GB" not in plan.env["file"]
+    assert plan.pool_tokens["host"] == 2 * 10**9 // KV_BYTES_PER_TOKEN
+
+    plan = ServingPlan(tmp_path, make(True, ["serving_host_ratio=3"]))
+    assert {n: size_flags(plan.flags[n]) for n in ("host", "file", "lifeboat")} == {
+        n: ["--hicache-ratio 3.0"] for n in ("host", "file", "lifeboat")}
+    assert "LIFEBOAT_SGLANG_HOST_GB" not in plan.env["lifeboat"]
+    assert plan.pool_tokens["host"] == 3 * QUICK.serving_device_tokens
