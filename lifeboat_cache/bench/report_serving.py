@@ -20,6 +20,17 @@ UNFULFILLED = "sglang:storage_prefetch_unfulfilled_tokens_total"
 FONT_SMALL = 8  # the plot's legends: up to four servers and their storage marks per panel
 
 
+def _allocated(sec: Any) -> str:
+    """The host pools SGLang allocated (its own log line), per server, where a run recorded them."""
+    got: dict[str, set[int]] = {}
+    for run in sec["concurrency"].values():
+        for name, srv in run["servers"].items():
+            got.setdefault(name, set()).update(h["host_pool_tokens"] for h in srv.get("halves", [])
+                                               if h.get("host_pool_tokens"))
+    parts = [f"{LABELS.get(n, n)} {'/'.join(f'{v:,}' for v in sorted(vs))}" for n, vs in got.items() if vs]
+    return f"Host pool as SGLang allocated it, tokens: {', '.join(parts)}. " if parts else ""
+
+
 def serving_tables(sec: Any) -> list[str]:
     out = ["", "### Many returning users: SGLang's bench_serving on a CPU server, restarted mid-run", ""]
     if not section_ok(sec):
@@ -39,8 +50,8 @@ def serving_tables(sec: Any) -> list[str]:
             f"host pool {pools['host']:,}; the traffic's distinct KV is {kv:,} tokens"
             + (f" ({ratio:.1f}x device + host)" if ratio else "")
             + f"; prefetch policy {sec['prefetch_policy']}, write policy {sec['write_policy']}, host memory mode "
-            f"{sec.get('host_mode', 'cache')} (storage servers). "
-            "Throughput over both halves' durations; TTFT over every request.", ""]
+            f"{sec.get('host_mode', 'cache')} (storage servers). " + _allocated(sec)
+            + "Throughput over both halves' durations; TTFT over every request.", ""]
     for conc, run in sec["concurrency"].items():
         out += [f"Concurrency {conc}:", "",
                 "| server | req/s | output tok/s | TTFT p50 / p90 / p99 ms | TTFT p50 before / after restart "

@@ -11,7 +11,8 @@ back after all the others, replayed by `python -m sglang.bench_serving` at each 
 pool (`--max-total-tokens`) and the host pool (`--hicache-ratio` x the device pool) are sized small, so
 the conversations' KV is several times what device + host hold and a returning prompt's prefix is, if
 anywhere, in storage (`serving_host_gb` sizes the host pool in GB instead, the LifeboatCache server's
-through LIFEBOAT_SGLANG_HOST_GB as users set it). After `serving_restart_turn` turns the server is stopped (SIGTERM, or SIGKILL with
+through LIFEBOAT_SGLANG_HOST_GB as users set it; each half records the pool SGLang allocated). After
+`serving_restart_turn` turns the server is stopped (SIGTERM, or SIGKILL with
 `serving_stop=sigkill`) and a new one starts on the same store for the remaining turns: every returning
 conversation of the second half comes back to a process that has never seen it. With
 `serving_dataset=shared_prefix` the traffic is SGLang's own `generated-shared-prefix` instead (groups of users
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -49,6 +51,7 @@ HOST_MODES = ("cache", "buffer_only")
 STOPS = ("sigterm", "sigkill")
 DATASETS = ("multi_turn", "shared_prefix")  # our seeded conversations; SGLang's generated-shared-prefix
 KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M: K and V, 30 layers, 3 KV heads of 64, float32
+_HOST_POOL = re.compile(r"Allocating \S+ hierarchical KV host pool: (\d+) tokens")  # srt/mem_cache/pool_host/base.py
 
 
 def check(sizes: Sizes) -> None:
@@ -151,7 +154,8 @@ def one_server(plan: ServingPlan, name: str, concurrency: int, work: Path) -> di
             res = run_half(srv, cmd, work / f"{tag}.jsonl", plan.logs / f"{tag}.bench.log")
             res.update({"start_s": srv.ready_s, "log": str(srv.log_path), "load_avg_1m": [load0, os.getloadavg()[0]],
                         "effective_prefetch_policy":
-                        _effective_policy(srv.log_path) if name == "lifeboat" else None})
+                        _effective_policy(srv.log_path) if name == "lifeboat" else None,
+                        "host_pool_tokens": host_pool_tokens(srv.log_path)})
             t = time.monotonic()
             if half == 0 and plan.sizes.serving_stop == "sigterm":
                 res["stop_rc"] = srv.stop()  # in the middle of the traffic's life: backups may still run
@@ -182,6 +186,16 @@ def _effective_policy(log_path: Path) -> str | None:
     except OSError:
         pass
     return None
+
+
+def host_pool_tokens(log_path: Path) -> int | None:
+    """The host pool SGLang allocated, in tokens, from its own log line (None: no HiCache, or no such line):
+    what a server really got, whoever sized it (a flag, the plugin, LIFEBOAT_SGLANG_HOST_GB)."""
+    try:
+        found = _HOST_POOL.search(log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
 
 
 def run(work: Path, sizes: Sizes) -> dict[str, Any]:

@@ -69,6 +69,17 @@ def test_after_the_restart_lifeboat_serves_prompt_tokens_from_storage(serving: d
     assert none["storage"] == 0 == none["host"]
 
 
+def test_the_host_pool_sglang_allocated_is_the_one_planned(serving: dict) -> None:
+    """Read back from SGLang's own log: the LifeboatCache server's host pool is the planned ratio x device pool
+    (the plugin must not resize a launch that typed --hicache-ratio; SGLang adds one padding page); the
+    no-HiCache server has none."""
+    servers, planned = serving["concurrency"]["4"]["servers"], serving["pools_tokens"]["host"]
+    got = [h["host_pool_tokens"] for h in servers["lifeboat"]["halves"]]
+    assert len(got) == 2 and all(planned <= g <= planned + 2 * 64 for g in got), (got, planned)
+    assert [h["host_pool_tokens"] for h in servers["none"]["halves"]] == [None, None]
+    assert f"Host pool as SGLang allocated it, tokens: HiCache + LifeboatCache {got[0]:,}" in serving["markdown"]
+
+
 def test_answers_equal_the_no_hicache_servers(serving: dict) -> None:
     halves = serving["concurrency"]["4"]["answers_vs_none"]["lifeboat"]
     assert [h["compared"] for h in halves] == [serving["trace"]["before_restart"], serving["trace"]["after_restart"]]

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from lifeboat_cache.bench.report_serving import _floor_table, interference_table
-from lifeboat_cache.bench.serving import _floor_answers, check
+from lifeboat_cache.bench.serving import _floor_answers, check, host_pool_tokens
 from lifeboat_cache.bench.serving_floor import pairs, probe_trace, ratios
 from lifeboat_cache.bench.serving_load import counters, differing, grown, server_cpu_s, summary
 from lifeboat_cache.bench.sizes import QUICK, make
@@ -190,3 +190,13 @@ def test_host_pool_in_gb_goes_to_lifeboat_through_its_variable_and_to_the_others
         n: ["--hicache-ratio 3.0"] for n in ("host", "file", "lifeboat")}
     assert "LIFEBOAT_SGLANG_HOST_GB" not in plan.env["lifeboat"]
     assert plan.pool_tokens["host"] == 3 * QUICK.serving_device_tokens
+
+
+def test_host_pool_tokens_come_from_sglangs_own_allocation_line(tmp_path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("[2026-12-06 22:45:49] Load weight end.\n[2026-12-06 22:45:49] Allocating kv hierarchical KV host "
+                   "pool: 43456 tokens, 2.00 GB host memory.\n")
+    assert host_pool_tokens(log) == 43456
+    log.write_text("[2026-12-06 22:45:49] Load weight end.\n")
+    assert host_pool_tokens(log) is None  # no HiCache
+    assert host_pool_tokens(tmp_path / "missing.log") is None
