@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from .access import HEAD, HIT_CAP, AccessTable
+from .access import HEAD, HIT_CAP, KEEP_PLACE, AccessTable
 from .ghost import GHOST_SPAN, HISTORY_SPAN, Ghost
 from .policy import (
     COUNTERS as RETENTION_COUNTERS, EVICT, KEEP, KEEP_WHOLE_SHARE, REINSERT, REWRITE_SHARE, RewriteBudget, choose)
@@ -18,7 +18,7 @@ from .state_file import MAX_BYTES as STATE_MAX_BYTES, decode, encode
 from .verdict import Row, gone_keys, judge, keep_whole, tail_position
 
 __all__ = [
-    "EVICT", "GHOST_SPAN", "HEAD", "HISTORY_SPAN", "HIT_CAP", "KEEP", "KEEP_WHOLE_SHARE", "REINSERT",
+    "EVICT", "GHOST_SPAN", "HEAD", "HISTORY_SPAN", "HIT_CAP", "KEEP", "KEEP_PLACE", "KEEP_WHOLE_SHARE", "REINSERT",
     "RETENTION_COUNTERS", "REWRITE_SHARE", "STATE_MAX_BYTES", "AccessTable", "Ghost", "RewriteBudget", "Row",
     "choose", "decode", "encode", "gone_keys", "judge", "keep_whole", "tail_position",
 ]

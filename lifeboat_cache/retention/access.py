@@ -2,10 +2,11 @@
 
 Counts are capped (HIT_CAP; 1 makes a record simply read or not) and go down by one each time their
 unit passes the head of the queue and is kept (the clock hand of CLOCK, per record): a record never
-read again goes after HIT_CAP passes. A unit kept whole goes halfway between its last read and the
-tail, so the queue leans towards LRU's order (docs/storage.md, "Retention", says why). Everything here
-is a hint: a lost or stale count costs a miss or a rewrite, never a wrong page (what is served is always
-verified).
+read again goes after HIT_CAP passes. A unit kept whole goes a tenth of the way from its last read
+to the tail (KEEP_PLACE), so the queue is close to LRU's order with a little credit for having been
+kept, and among units at one place the younger go first (`rank`); docs/storage.md, "Retention", says
+why. Everything here is a hint: a lost or stale count costs a miss or a rewrite, never a wrong page
+(what is served is always verified).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from typing import Iterable
 
 HIT_CAP = 1
+KEEP_PLACE = 0.1  # a unit kept whole goes this share of the way from its last read to the tail
 HEAD = 0  # the position of a unit sent to the head of the queue (before every age)
 
 
@@ -51,14 +53,22 @@ class AccessTable:
         with self._lock:
             return self._order.get(unit, default)
 
+    def rank(self, unit: str, born_ms: int) -> tuple[int, int, str]:
+        """The unit's place in the eviction queue (smallest goes first): its position (`born_ms`, its age,
+        unless it was placed), then, among units at the same position, the younger first. Units read
+        by one request share a position (reads are timed in ms), and the younger hold the deeper pages
+        of the prefix: SGLang's radix tree evicts those first too (leaves), and a prefix without its
+        tail still serves its head, while a tail without its head serves nothing."""
+        return self.position(unit, born_ms), -born_ms, unit
+
     def keep(self, unit: str, position: int) -> None:
-        """The unit was kept whole: it goes halfway between its last read and `position` (the tail), so
-        a unit read long ago comes back to the head sooner than one read just now, and each of its
-        counts goes down by one."""
+        """The unit was kept whole: it goes KEEP_PLACE of the way from its last read to `position` (the
+        tail), so a unit read long ago comes back to the head sooner than one read just now, and each of
+        its counts goes down by one."""
         with self._lock:
             last = self._last.get(unit)
             if last is not None and last < position:
-                position = (last + position) // 2
+                position = last + int(KEEP_PLACE * (position - last))
             counts = self._hits.get(unit, {})
             self._hits[unit] = {o: c - 1 for o, c in counts.items() if c > 1}
             self._order[unit] = position

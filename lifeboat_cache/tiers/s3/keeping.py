@@ -89,7 +89,7 @@ class S3Keeping:
             objs = [o for o in t.objects.oldest_first() if o.id not in gone]
             if not objs:
                 break
-            head = min(objs, key=lambda o: (self.access.position(o.name, _born(o.name)), o.name))
+            head = min(objs, key=lambda o: self.access.rank(o.name, _born(o.name)))
             action, rows, unread = self._choose(head, keep_allowed=kept <= 4 * len(objs))
             if action == KEEP:
                 kept += 1

@@ -63,7 +63,7 @@ class Evictor:
                     sealed_early = True
                     self.writers.seal_idle()
                     continue
-                victim = min(units, key=lambda u: (self.access.position(u.name, unit_ms(u.name)), u.name))
+                victim = min(units, key=lambda u: self.access.rank(u.name, unit_ms(u.name)))
             # every keep lowers counts, so this ends; the bound only stops a pathological loop early
             action, rows, unread, table = self._choose(victim, keep_allowed=kept <= 4 * len(units))
             if action == KEEP:

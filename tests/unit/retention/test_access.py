@@ -4,9 +4,10 @@ record, and the policy evicts what was not read, keeps what mostly was, reinsert
 from __future__ import annotations
 
 import threading
+import time
 
 from lifeboat_cache.retention import (
-    EVICT, HIT_CAP, KEEP, KEEP_WHOLE_SHARE, REINSERT, AccessTable, RewriteBudget, choose)
+    EVICT, HIT_CAP, KEEP, KEEP_PLACE, KEEP_WHOLE_SHARE, REINSERT, AccessTable, RewriteBudget, choose)
 
 
 def test_reads_are_counted_up_to_the_cap_and_each_keep_uses_one_up() -> None:
@@ -90,3 +91,21 @@ def test_policy_evicts_unread_keeps_mostly_read_and_reinserts_within_budget() ->
     budget.spend(450)
     assert choose(1000, 100, budget) == EVICT, "past the budget the unit goes as it is"
     assert choose(1000, most, budget) == KEEP, "keeping a unit whole costs no write"
+
+
+def test_a_kept_unit_goes_near_its_last_read_and_ties_go_younger_first() -> None:
+    a = AccessTable()
+    before = int(time.time() * 1000)
+    a.hit("u", 0)
+    after = int(time.time() * 1000)
+    tail = after + 1_000_000
+    a.keep("u", tail)
+    placed = a.position("u", 0)
+    assert before + int(KEEP_PLACE * (tail - before)) <= placed <= after + int(KEEP_PLACE * (tail - after)) + 1
+    assert placed < (before + tail) // 2, "near the last read, not halfway to the tail"
+    # two units read by one request share a position: the younger (the deeper pages) goes first
+    a.place("prefix", 500)
+    a.place("tail", 500)
+    units = {"prefix": 100, "tail": 200, "fresh": 499}
+    order = sorted(units, key=lambda u: a.rank(u, units[u]))
+    assert order == ["fresh", "tail", "prefix"]
