@@ -11,8 +11,7 @@ process) and started again on the same store. Proven:
 * crash: SIGKILL right after an answer, while its backups are in flight: every page the store
   acknowledged (`batch_set_v1 ... -> N` trace lines) is on disk and verifies, the restarted server
   answers correctly (same tokens), and whatever was stored is reused;
-* two servers, one store: server B (own local tier, another port) gets server A's prefix from a
-  shared directory tier while A runs; server C gets it from S3 (moto over HTTP);
+* two servers, one store: in test_sglang_shared_servers.py;
 * bad input at the server: a broken lifeboat.yaml and a read-only store directory stop the launch
   in seconds with file, key and fix; a hung S3 endpoint at start costs misses, never a hang or a
   wrong token.
@@ -26,14 +25,12 @@ proven at class level (tests/integration/test_sglang_backend.py).
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 pytest.importorskip("sglang.launch_server", reason="SGLang 0.5.23 is not installed")
 pytest.importorskip("uvloop", reason="the SGLang server's packages are not installed (requirements/test.txt)")
@@ -44,48 +41,17 @@ try:
     locate_gguf()
 except FileNotFoundError as e:  # pragma: no cover - the CI conftest turns skips into failures
     pytest.skip(str(e), allow_module_level=True)
-from lifeboat_cache.testing.child_process import LOOPBACK  # noqa: E402
-from lifeboat_cache.testing.sglang_server import (
-    ServerFailed,
-    SGLangServer,
-    cpu_flags,
-    hicache_flags,
-    parse_metrics,
-    prompt_ids,
-)
+from lifeboat_cache.testing.sglang_server import ServerFailed, SGLangServer, parse_metrics, prompt_ids  # noqa: E402
 from lifeboat_cache.tiers.segments.snapshot_file import SNAPSHOT_NAME  # noqa: E402
+from support.sglang_e2e import NEW_TOKENS, PAGE, server, settle, whole_pages, write_config  # noqa: E402
 
 pytestmark = pytest.mark.slow
-PAGE = 64
-NEW_TOKENS = 12
-ENV = {"LIFEBOAT_STATS_INTERVAL_S": "0.5"}
 _ACK = re.compile(r"lifeboat trace: batch_set_v1 (\d+) keys -> (\d+)")
 
 
 @pytest.fixture(scope="module")
 def model() -> Path:
     return ensure_model(dtype="float32", layout="hf")
-
-
-def whole_pages(prompt_tokens: int) -> int:
-    """Tokens SGLang can take from storage: whole pages before the last prompt token (it computes that one)."""
-    return (prompt_tokens - 1) // PAGE * PAGE
-
-
-def write_config(path: Path, storage: list[dict]) -> Path:
-    path.write_text(yaml.safe_dump({"storage": storage}))
-    return path
-
-
-def server(model: Path, root: Path, name: str, config: Path, env: dict | None = None, **extra: object) -> SGLangServer:
-    flags = cpu_flags(model) + hicache_flags("lifeboat", {"trace": True, **extra})
-    env = {**ENV, "LIFEBOAT_CONFIG": str(config), **(env or {})}
-    return SGLangServer(flags, log_path=root / f"{name}.log", env=env)
-
-
-def settle(srv: SGLangServer, pages: int) -> float:
-    """Wait until the backups of `pages` pages are written and no more arrive (observable, not a sleep)."""
-    return srv.wait_metric("lifeboat_pages_written_total", pages, settle_s=2.0, timeout=120)
 
 
 def acknowledged(log_path: Path) -> int:
@@ -99,11 +65,6 @@ def verify(config: Path) -> int:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     return int(re.search(r"verified (\d+) records: 0 bad", out.stdout).group(1))
-
-
-def tier_reads(srv: SGLangServer, prefix: str) -> float:
-    return sum(v for n, lab, v in parse_metrics(srv.metrics_text())
-               if n == "lifeboat_pages_read_total" and lab.get("tier", "").startswith(prefix))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -216,57 +177,6 @@ def test_buffer_only_host_memory_through_the_variable_restores_the_prompt(model:
     assert log.count(said) == 1, log[-2000:]
     assert got.storage_tokens == whole_pages(len(lifecycle["P"])), got.cached_details
     assert got.output_ids == lifecycle["cold_P"].output_ids
-
-
-# ------------------------------------------------------------------------------------------------
-# Two servers, one store
-# ------------------------------------------------------------------------------------------------
-
-
-def test_second_server_gets_the_prefix_from_the_shared_tier_and_from_s3(model: Path, lifecycle: dict, tmp_path: Path,
-                                                                        s3_endpoint: str) -> None:
-    import boto3
-
-    bucket = "lifeboat-two-servers"
-    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
-    shared = {"type": "nfs", "path": str(tmp_path / "shared")}
-    s3 = {"type": "s3", "bucket": bucket, "prefix": "kv/", "endpoint_url": s3_endpoint}
-    ids = lifecycle["P"]
-    a_cfg = write_config(tmp_path / "a.yaml", [{"type": "local", "path": str(tmp_path / "a")}, shared, s3])
-    b_cfg = write_config(tmp_path / "b.yaml", [{"type": "local", "path": str(tmp_path / "b")}, shared])
-    c_cfg = write_config(tmp_path / "c.yaml", [{"type": "local", "path": str(tmp_path / "c")}, s3])
-    pages = len(ids) // PAGE
-    with server(model, tmp_path, "a", a_cfg) as a:
-        cold = a.generate(ids, NEW_TOKENS)
-        assert cold.output_ids == lifecycle["cold_P"].output_ids
-        settle(a, pages)
-        a.wait_metric("lifeboat_pages_copied_down_total", 2 * pages, settle_s=2.0, timeout=120)  # shared + S3
-        with server(model, tmp_path, "b", b_cfg) as b:  # while A still runs
-            got = b.generate(ids, NEW_TOKENS)
-            assert got.storage_tokens == whole_pages(len(ids)), got.cached_details
-            assert got.output_ids == cold.output_ids
-            b.wait_metric("lifeboat_pages_read_total", pages - 1, timeout=30)
-            assert tier_reads(b, "nfs") >= whole_pages(len(ids)) // PAGE
-        c = server(model, tmp_path, "c", c_cfg)  # while A still runs: two servers on one bucket
-        # The port taken before SGLang binds it, as in a CI run where a socket of another process got it
-        # first (one that accepts and never answers HTTP): the launcher must notice and relaunch elsewhere.
-        taken = c.port
-        with socket.socket() as squatter:
-            squatter.bind((LOOPBACK, taken))
-            squatter.listen()
-            c.start()
-        assert c.port != taken and "address already in use" in c.log_path.read_text(errors="replace")
-        with c:  # and a `lifeboat gc` of A's store beside both
-            gc = subprocess.Popen([sys.executable, "-m", "lifeboat_cache.cli", "gc", "--config", str(a_cfg)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            got = c.generate(ids, NEW_TOKENS)
-            assert got.storage_tokens == whole_pages(len(ids)), got.cached_details
-            assert got.output_ids == cold.output_ids
-            c.wait_metric("lifeboat_pages_read_total", pages - 1, timeout=30)
-            assert tier_reads(c, "s3") >= whole_pages(len(ids)) // PAGE
-            out, _ = gc.communicate(timeout=120)
-            assert gc.returncode == 0, out
-        assert a.generate(ids, NEW_TOKENS).output_ids == cold.output_ids  # A unharmed by C and the gc
 
 
 # ------------------------------------------------------------------------------------------------
