@@ -32,18 +32,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sglang.launch_server", reason="SGLang 0.5.23 is not installed")
-pytest.importorskip("uvloop", reason="the SGLang server's packages are not installed (requirements/test.txt)")
+from support.sglang_e2e import NEW_TOKENS, PAGE, server, settle, whole_pages, write_config  # skips without a server
 
-from lifeboat_cache.demo.smollm2 import ensure_model, locate_gguf  # noqa: E402
-
-try:
-    locate_gguf()
-except FileNotFoundError as e:  # pragma: no cover - the CI conftest turns skips into failures
-    pytest.skip(str(e), allow_module_level=True)
-from lifeboat_cache.testing.sglang_server import ServerFailed, SGLangServer, parse_metrics, prompt_ids  # noqa: E402
-from lifeboat_cache.tiers.segments.snapshot_file import SNAPSHOT_NAME  # noqa: E402
-from support.sglang_e2e import NEW_TOKENS, PAGE, server, settle, whole_pages, write_config  # noqa: E402
+from lifeboat_cache.demo.smollm2 import ensure_model
+from lifeboat_cache.testing.sglang_server import ServerFailed, SGLangServer, parse_metrics, prompt_ids
+from lifeboat_cache.tiers.segments.snapshot_file import SNAPSHOT_NAME
 
 pytestmark = pytest.mark.slow
 _ACK = re.compile(r"lifeboat trace: batch_set_v1 (\d+) keys -> (\d+)")

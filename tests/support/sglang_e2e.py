@@ -1,12 +1,27 @@
-"""Helpers of the end-to-end tests that launch real SGLang servers with LifeboatCache (tests/e2e/)."""
+"""Helpers of the end-to-end tests that launch real SGLang servers with LifeboatCache (tests/e2e/).
+
+Importing this module skips the importing test module where a server cannot start here (SGLang's
+server packages or the SmolLM2 weights missing; under CI the conftest turns that skip into a failure),
+so each test module imports it before anything of SGLang's.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
-from lifeboat_cache.testing.sglang_server import SGLangServer, cpu_flags, hicache_flags, parse_metrics
+pytest.importorskip("sglang.launch_server", reason="SGLang 0.5.23 is not installed")
+pytest.importorskip("uvloop", reason="the SGLang server's packages are not installed (requirements/test.txt)")
+
+from lifeboat_cache.demo.smollm2 import locate_gguf  # noqa: E402
+
+try:
+    locate_gguf()
+except FileNotFoundError as e:  # pragma: no cover - the CI conftest turns skips into failures
+    pytest.skip(str(e), allow_module_level=True)
+from lifeboat_cache.testing.sglang_server import SGLangServer, cpu_flags, hicache_flags, parse_metrics  # noqa: E402
 
 PAGE = 64
 NEW_TOKENS = 12
