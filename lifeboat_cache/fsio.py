@@ -4,7 +4,8 @@ Every file the store opens goes through `open_file` (O_NOFOLLOW, O_EXCL for new 
 only), so nothing planted in a store directory can redirect a write outside it. Cached KV derives from
 users' prompts, so files and directories are owner-only unless configured. `pwritev_all` /
 `preadv_all` move whole buffers (partial transfers resumed, at most IOV_MAX iovecs a call);
-`reserve_space` holds disk blocks before a record is acknowledged.
+`reserve_space` holds disk blocks before a record is acknowledged; `WriteCallBound` sizes write calls
+by what the machine's free memory makes cheap.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import errno
 import os
 import secrets
 import stat
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -154,9 +157,10 @@ def reserve_space(fd: int, offset: int, length: int) -> None:
 
 IOV_MAX = 1024  # Linux's limit on iovecs per pwritev / preadv call (a layer_first run has thousands)
 # The largest single write call. Measured (docs/perf/write-calls.md, `lifeboat bench --only ceilings`):
-# on Linux 6.18 / ext4 in VMs whose free memory is reported to the host, one write of 2 MiB or more into
-# the page cache costs 6-20x the kernel time of the same bytes in calls of 1.5 MiB or less; reads are
-# not affected. A tier's `write_call_size` overrides it.
+# on Linux 6.18 / ext4 in a VM whose free memory is reported to its host, one write of 2 MiB or more
+# into the page cache costs 6-20x the kernel time of the same bytes in calls of 1.5 MiB or less; reads
+# are not affected. The segment writers go smaller while free memory is short (WriteCallBound), and a
+# tier's `write_call_size` fixes the bound.
 WRITE_CALL_BYTES = 1 << 20
 
 
@@ -235,3 +239,101 @@ def preadv_all(fd: int, bufs: Sequence[memoryview], offset: int) -> int:
     Returns the bytes read: less than the buffers hold only at the end of the file. Raises OSError.
     """
     return _transfer(os.preadv, fd, bufs, offset)
+
+
+# ------------------------------------------------------------------ write calls as large as is cheap
+# A write call takes page-cache folios of about its own size (ext4 large folios), from the buddy
+# allocator's free list of that order, splitting a larger free block when the list is empty. A VM with
+# free page reporting (virtio_balloon: Firecracker, QEMU with `free-page-reporting=on`) hands its free
+# blocks of the reporting order (9, 2 MiB, by default) and above back to the host, and the first touch
+# of a page taken from such a block again is a host fault, which the guest sees as kernel time in the
+# write: a write of 2 MiB or more, or a smaller one once its order's lists below the reporting order
+# are empty, runs at a tenth of its speed (docs/perf/write-calls.md has the measurements). Calls of
+# 1 MiB are the cheapest while free 1 MiB blocks last; 256 KiB calls cost about a tenth more but draw
+# on the 256 KiB, 512 KiB and 1 MiB lists together, about three times the room (512 KiB calls would
+# drain the 512 KiB list that 256 KiB calls need next, so there is no step between). So the bound
+# follows the free lists: 1 MiB while its lists hold `ROOM_BYTES`, then 256 KiB; on a machine that
+# reports nothing (bare metal, most VMs), 1 MiB.
+CALL_SIZES = (WRITE_CALL_BYTES, 256 << 10)  # largest first; each a power of two: one folio order
+ROOM_BYTES = 1 << 30   # free bytes below the reporting order a size must have left to be chosen
+RECHECK_S = 0.5        # how often the free lists are read again (a put of 1 GiB takes ~0.3 s)
+_PAGE = 4096          # the buddy allocator's order-0 block
+_BALLOON = "0x0005"    # virtio device id of the memory balloon
+_REPORTING_BIT = 5     # VIRTIO_BALLOON_F_REPORTING
+
+
+def reporting_order(root: Path = Path("/sys")) -> int | None:
+    """The buddy order from which free memory is reported to the host, or None where no balloon device
+    reports free pages."""
+    reporting = False
+    for dev in (root / "bus/virtio/devices").glob("*"):
+        try:
+            if (dev / "device").read_text().strip() == _BALLOON:
+                bits = (dev / "features").read_text().strip()
+                reporting = reporting or (len(bits) > _REPORTING_BIT and bits[_REPORTING_BIT] == "1")
+        except OSError:
+            continue
+    if not reporting:
+        return None
+    try:
+        return int((root / "module/page_reporting/parameters/page_reporting_order").read_text())
+    except (OSError, ValueError):
+        return 9  # the kernel's default: the pageblock order
+
+
+def free_bytes_by_order(buddyinfo: Path = Path("/proc/buddyinfo")) -> list[int]:
+    """Free bytes in each buddy order (0, 1, ...), all zones together ([] where there is no buddyinfo)."""
+    total: list[int] = []
+    try:
+        lines = buddyinfo.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        counts = [int(x) for x in line.split()[4:]]
+        total += [0] * (len(counts) - len(total))
+        for k, n in enumerate(counts):
+            total[k] += n * (_PAGE << k)
+    return total
+
+
+def unreported_free_bytes() -> int | None:
+    """Free bytes below the reporting order: what writes can take with no host fault. None where free
+    memory is not reported (every free page is then as cheap as any other)."""
+    order = reporting_order()
+    return None if order is None else sum(free_bytes_by_order()[:order])
+
+
+class WriteCallBound:
+    """The largest single write call for the next run of records. `fixed` (a tier's `write_call_size`)
+    wins; 0 follows the free lists as the comment above says, read at most every RECHECK_S."""
+
+    def __init__(self, fixed: int = 0, sys_root: Path = Path("/sys"),
+                 buddyinfo: Path = Path("/proc/buddyinfo")) -> None:
+        self.fixed = fixed
+        self._order = None if fixed else reporting_order(sys_root)
+        self._buddyinfo = buddyinfo
+        self._bound = fixed or CALL_SIZES[0]
+        self._checked = float("-inf")
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        if self.fixed or self._order is None:
+            return self._bound
+        now = time.monotonic()
+        if now - self._checked >= RECHECK_S and self._lock.acquire(blocking=False):
+            try:
+                self._checked = now
+                self._bound = choose(free_bytes_by_order(self._buddyinfo), self._order)
+            finally:
+                self._lock.release()
+        return self._bound
+
+
+def choose(free: list[int], order: int) -> int:
+    """The largest CALL_SIZES entry whose folio order and the orders above it, up to the reporting order,
+    hold ROOM_BYTES free; the smallest when none does (or when the free lists are unknown)."""
+    for size in CALL_SIZES:
+        k = (size // _PAGE).bit_length() - 1
+        if sum(free[k:order]) >= ROOM_BYTES:
+            return size
+    return CALL_SIZES[-1]

@@ -6,7 +6,10 @@
   dropped and checked), in the same directory the contenders write to;
 * write calls: the same bytes written into one file in single calls of 256 KiB to 8 MiB, each run
   after a pause (`write_pause_ms`): GB/s and the kernel's CPU seconds per GB, by call size. The store
-  bounds its write calls by what this shows (fsio.WRITE_CALL_BYTES; a tier's `write_call_size`);
+  bounds its write calls by what this shows (fsio.WRITE_CALL_BYTES, WriteCallBound; a tier's `write_call_size`);
+* write runway: several GiB of new bytes written back to back in calls of 256 KiB and of 1 MiB, GB/s
+  per file: on a VM that reports free memory to its host, how far each call size gets before its
+  folios come from reported blocks (fsio.WriteCallBound), with the free memory by order before each;
 * the record codec, one core: encode (build_record: planes + zstd or raw, plus the checksum) and decode
   (check + decode_into), raw and compressed, on random bf16 pages and real KV. Besides wall-clock GB/s it reports
   GB per CPU-second of the timing thread (`*_cpu_gb_s`): on a shared, loaded machine the wall clock
@@ -111,7 +114,7 @@ CALL_SIZES_KIB = (256, 512, 1024, 1536, 2048, 4096, 8192)
 def write_calls(buf: np.ndarray, work: Path, pause_s: float, reps: int) -> dict[str, Any]:
     """Write buf into one new file with `os.pwrite` calls of each size, each run after a pause; GB/s and
     kernel CPU seconds per GB (this thread's system time) by call size."""
-    from ..fsio import WRITE_CALL_BYTES
+    from ..fsio import WriteCallBound
 
     d = work / "write-calls"
     d.mkdir(parents=True, exist_ok=True)
@@ -135,7 +138,53 @@ def write_calls(buf: np.ndarray, work: Path, pause_s: float, reps: int) -> dict[
                 os.close(fd)
         by_size[str(kib)] = {"gb_s": speed.summary(), "kernel_cpu_s_per_gb": kernel.summary()}
     shutil.rmtree(d)
-    return {"pause_s": pause_s, "store_bound_kib": WRITE_CALL_BYTES >> 10, "by_call_kib": by_size}
+    return {"pause_s": pause_s, "store_bound_kib": WriteCallBound()() >> 10, "by_call_kib": by_size}
+
+
+RUNWAY_CALL_KIB = (256, 1024)  # the two sizes the store chooses between (fsio.CALL_SIZES)
+
+
+def write_runway(buf: np.ndarray, work: Path, total_mib: int, pause_s: float) -> dict[str, Any]:
+    """Write `total_mib` of new bytes, files of buf's size back to back, with single calls of each
+    RUNWAY_CALL_KIB size (after a pause, the files of the size before deleted): GB/s per file, and the GiB
+    written before the first file under half the speed of the first (`fast_gib`; all of it when none).
+
+    Why: a write call takes page-cache folios of about its size, and where free memory is reported to
+    the host, blocks of the reporting order and above cost a host fault per page once taken. Calls whose
+    folios are below that order first use up the free lists of their order and the orders above it that
+    are still below the reporting order; then they split reported blocks too. Smaller calls have more
+    of those lists to draw from. The free GiB by order before each size shows what was there."""
+    from ..fsio import WriteCallBound, free_bytes_by_order, reporting_order
+
+    d = work / "write-runway"
+    d.mkdir(parents=True, exist_ok=True)
+    mv, gb = memoryview(buf), buf.nbytes / 1e9
+    files = max(1, (total_mib << 20) // buf.nbytes)
+    by_size: dict[str, Any] = {}
+    for kib in RUNWAY_CALL_KIB:
+        os.sync()
+        time.sleep(pause_s)
+        before, speeds = [round(b / 2**30, 3) for b in free_bytes_by_order()], []
+        step = kib << 10
+        try:
+            for i in range(files):
+                fd = os.open(d / f"{i}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    t = time.perf_counter()
+                    for off in range(0, buf.nbytes, step):
+                        os.pwrite(fd, mv[off: off + step], off)
+                    speeds.append(gb / (time.perf_counter() - t))
+                finally:
+                    os.close(fd)
+        finally:
+            for p in d.iterdir():
+                p.unlink()
+        slow = next((i for i, v in enumerate(speeds) if v < speeds[0] / 2), len(speeds))
+        by_size[str(kib)] = {"gb_s_per_file": speeds, "fast_gib": slow * buf.nbytes / 2**30,
+                             "free_gib_by_order_before": before}
+    shutil.rmtree(d)
+    return {"file_mib": buf.nbytes >> 20, "files": files, "pause_s": pause_s, "reporting_order": reporting_order(),
+            "store_bound_kib": WriteCallBound()() >> 10, "by_call_kib": by_size}
 
 
 def codec_speed(pages: list[np.ndarray], compress: bool, reps: int) -> dict[str, Any]:
@@ -202,7 +251,8 @@ def run(work: Path, sizes: Sizes, sample: np.ndarray | None = None) -> dict[str,
     buf = random_bf16(sizes.ceiling_mib << 20)
     out: dict[str, Any] = {"bytes": buf.nbytes, "memcpy": memcpy(buf, max(3, sizes.reps)),
                            "plain_file": plain_file(buf, work, sizes.reps),
-                           "write_calls": write_calls(buf, work, sizes.write_pause_ms / 1000, sizes.reps)}
+                           "write_calls": write_calls(buf, work, sizes.write_pause_ms / 1000, sizes.reps),
+                           "write_runway": write_runway(buf, work, sizes.runway_mib, sizes.write_pause_ms / 1000)}
     pages = [buf[o: o + PAGE_BYTES] for o in range(0, min(buf.nbytes, 64 << 20) - PAGE_BYTES + 1, PAGE_BYTES)]
     try:
         out["codec_random_bf16"] = {"raw": codec_speed(pages, False, sizes.reps),

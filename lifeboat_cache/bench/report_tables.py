@@ -63,6 +63,15 @@ def tables(res: dict[str, Any]) -> str:
                        + "; ".join(f"{k}{'*' if int(k) == mark else ''}: {_spread(v['gb_s'])}, "
                                    f"{v['kernel_cpu_s_per_gb']['median']:.2f}" for k, v in wc["by_call_kib"].items())
                        + " |")
+        rw = c.get("write_runway")
+        if rw:
+            order = rw["reporting_order"]
+            out.append(f"| {rw['files']} new files of {rw['file_mib']} MiB back to back, by call size (KiB; * the "
+                       f"store's bound): GiB written before the first file at half the first's speed "
+                       f"(free memory reported to the host from order {order if order is not None else '- (none)'}) | "
+                       + "; ".join(f"{k}{'*' if int(k) == rw['store_bound_kib'] else ''}: {v['fast_gib']:.2f} "
+                                   f"of {len(v['gb_s_per_file']) * rw['file_mib'] / 1024:.2f}"
+                                   for k, v in rw["by_call_kib"].items()) + " |")
         for data in ("codec_random_bf16", "codec_real_kv"):
             d = c.get(data)
             if not section_ok(d) or d is None:

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..fsio import WriteCallBound, unreported_free_bytes
 from .common import Series, drop_page_cache, log, timed
 from .sizes import Sizes, names
 
@@ -205,6 +206,7 @@ def compare_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes, r
     cpu = {(s, p): Series() for s in sides for p in PHASES}
     ratio = {p: Series() for p in PHASES}
     resident: list[int] = []
+    memory: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}  # before each write after a pause
     prefix = f"{tag}/" if tag else ""
     for rep in range(sizes.reps):
         order = sides[rep % 2:] + sides[: rep % 2]
@@ -217,6 +219,9 @@ def compare_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes, r
             ctl = attach_side(side, dev, host, path)
             _settle()
             time.sleep(sizes.write_pause_ms / 1000)  # between bursts: the kernel's state after idling
+            free = unreported_free_bytes()  # which reps could meet host faults (fsio.WriteCallBound says why)
+            memory[side].append({"unreported_free_gib": None if free is None else round(free / 2**30, 3),
+                                 "call_kib": WriteCallBound()() >> 10})  # what LifeboatCache's store would use
             w, _ = timed(lambda: (ctl.write(keys, src), ctl.close_backend()))
             ctl.detach()
             burst_path = path.parent / f"{side}-burst"
@@ -249,6 +254,7 @@ def compare_case(root: Path, shape: str, layout: str, kind: str, sizes: Sizes, r
         "shape": shape, "layout": layout, "kind": kind,
         "page_bytes": page_bytes, "pages": n_pages, "batch_pages": batch, "reps": sizes.reps,
         "resident_pages_before_cold_read": resident,
+        "free_memory_before_write": memory,
         "gb_s": {s: {p: gbs[(s, p)].summary() for p in PHASES} for s in sides},
         "cpu_s_per_gb": {s: {p: cpu[(s, p)].summary() for p in PHASES} for s in sides},
         "ratio": {p: ratio[p].summary() for p in PHASES},

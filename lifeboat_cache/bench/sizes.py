@@ -20,6 +20,7 @@ class Sizes:
     case_mib: int = 192              # page bytes written per contender per rep and case
     batch_pages: int = 32            # pages per controller batch call
     write_pause_ms: int = 3000       # idle time before a timed write (a server's backups come in bursts)
+    runway_mib: int = 4096           # new bytes per call size in the ceilings' write runway
     torch_threads: int = 1           # torch intra-op threads, pinned for both contenders
     compression: str = "default"     # LifeboatCache `compression:` for the SGLang section (default: its own)
     lifeboat_tier: str = "local"     # LifeboatCache's tier type in the SGLang section: local, or nfs (compressed
@@ -74,7 +75,7 @@ class Sizes:
     interference_io_scheduling: str = "batch,normal"  # ... each under these io_scheduling (batch: the default)
 
 
-QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, batch_pages=4, write_pause_ms=1, realkv_tokens=64,
+QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, runway_mib=16, batch_pages=4, write_pause_ms=1, realkv_tokens=64,
               index_pages="1000,10000", s3_pages=8, s3_page_kib=64, s3_io_workers=4, s3_latency_ms="0",
               mlx_tokens="128", mlx_new_tokens=2, mlx_processes=1, server_tokens="512", server_store_pages=2000,
               serving_servers="none,lifeboat", serving_concurrency="4", serving_conversations=8, serving_turns=2,

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cpu_policy import DEFAULT_POLICY as DEFAULT_IO_SCHEDULING
-from ..fsio import WRITE_CALL_BYTES
 
 DEFAULT_IO_WORKERS = 8
 DEFAULT_SEGMENT_BYTES = 256 << 20
@@ -34,7 +33,7 @@ class TierSettings:
     paths: tuple[Path, ...] = ()
     capacity_bytes: int | None = None  # None: auto (half the free space, at most 64 GiB)
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
-    write_call_bytes: int = WRITE_CALL_BYTES  # local / nfs: the largest single write call (fsio.py: why)
+    write_call_bytes: int = 0  # local / nfs: the largest single write call; 0: by free memory (fsio.WriteCallBound)
     affinity_chunks: int = 1
     refresh_interval_s: float = 1.0
     seal_after_s: float | None = None  # shared FS: seal (make visible to other hosts) after this long

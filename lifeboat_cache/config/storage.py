@@ -56,9 +56,10 @@ def parse_tier(obj: Any, where: str) -> TierSettings:
         kw["paths"] = tuple(Path(os.path.expanduser(parse_str(p, f"{where}.paths[{i}]"))) for i, p in enumerate(raw))
         if "segment_size" in obj:
             kw["segment_bytes"] = _size_between(obj, "segment_size", where, (1 << 20, "1MiB"), (4 << 30, "4GiB"))
-        if "write_call_size" in obj:  # 1MiB by default: fsio.WRITE_CALL_BYTES says why
+        if "write_call_size" in obj:  # by default the free memory decides: fsio.WriteCallBound says why
             kw["write_call_bytes"] = _size_between(obj, "write_call_size", where, (4 << 10, "4KiB"),
-                                                   (1 << 30, "1GiB"), " (e.g. 1MiB, the default)")
+                                                   (1 << 30, "1GiB"),
+                                                   " (e.g. 1MiB; leave it out to let the free memory decide)")
         if "affinity_chunks" in obj:
             kw["affinity_chunks"] = parse_int(obj["affinity_chunks"], f"{where}.affinity_chunks", 1, 1 << 20)
         if "refresh_interval_s" in obj:

@@ -70,6 +70,10 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
     assert res["machine"]["cores"] == os.cpu_count()
     c = res["sections"]["ceilings"]
     assert c["memcpy"]["gb_s"]["median"] > 0 and max(c["plain_file"]["resident_pages_before_read"]) == 0
+    rw = c["write_runway"]  # every call size wrote every file; its fast stretch is part of what it wrote
+    assert [int(k) for k in rw["by_call_kib"]] == [256, 1024]
+    for v in rw["by_call_kib"].values():
+        assert len(v["gb_s_per_file"]) == rw["files"] and 0 < v["fast_gib"] <= rw["files"] * rw["file_mib"] / 1024
     sg = res["sections"]["sglang_vs_file"]
     combos = {(x["shape"], x["layout"], x["kind"]) for x in sg["cases"]}
     assert combos == {(s, lay, k) for s in ("small", "8b") for lay in ("page_first", "layer_first")
@@ -77,6 +81,8 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
     for x in sg["cases"]:
         assert x["resident_pages_before_cold_read"] == [0] * (2 * x["reps"])  # cold reads were cold
         assert len(x["ratio"]["cold_read"]["reps"]) == x["reps"]
+        for side in ("lifeboat", "file"):  # the free memory before each timed write, and the store's call size
+            assert [m["call_kib"] in (256, 1024) for m in x["free_memory_before_write"][side]] == [True] * x["reps"]
     rt = res["sections"]["retention"]
     assert {c["trace"] for c in rt["cases"]} == {"hot_set", "zipf", "multi_turn"}
     for c in rt["cases"]:  # the offline optimum bounds every online policy on the same trace

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...fsio import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, WRITE_CALL_BYTES
+from ...fsio import DEFAULT_DIR_MODE, DEFAULT_FILE_MODE
 
 ORPHAN_IDLE_S = 60.0  # an unsealed segment of a dead local pid, idle this long, is sealed by the next open
 
@@ -15,7 +15,7 @@ class DirSettings:
     `seal_after_s`: seal an open segment this old (nfs: so other hosts see its pages). `fsync`: records
     reach the disk before the trailer that lists them (nfs). `stripes`: open segments written in
     parallel. `max_age_s`: records older than this are never served and gc removes them.
-    `write_call_bytes`: the largest single write call (fsio.WRITE_CALL_BYTES says why it is bounded)."""
+    `write_call_bytes`: the largest single write call; 0: chosen by free memory (fsio.WriteCallBound says why)."""
 
     capacity_bytes: int | None
     segment_bytes: int
@@ -27,4 +27,4 @@ class DirSettings:
     dir_mode: int = DEFAULT_DIR_MODE
     orphan_idle_s: float = ORPHAN_IDLE_S
     max_age_s: float | None = None
-    write_call_bytes: int = WRITE_CALL_BYTES
+    write_call_bytes: int = 0

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ...fsio import WRITE_CALL_BYTES, PartialWrite, open_file, pwritev_all, reserve_space
+from ...fsio import PartialWrite, WriteCallBound, open_file, pwritev_all, reserve_space
 from ...index import Index, Loc
 from ...metrics import Counters
 from ...records import Entry, Record, raw_length, trailer_size
@@ -67,10 +67,10 @@ class Writers:
     def __init__(self, table: UnitTable, index: Index, counters: Counters, *, stripes: int, segment_bytes: int,
                  file_mode: int, fsync: bool, changed: Callable[[bool], None],
                  write_trailer: Callable[[int, int, Sequence[Entry]], int], log_once: Callable[..., bool],
-                 write_call_bytes: int = WRITE_CALL_BYTES) -> None:
+                 write_call_bytes: int = 0) -> None:
         self.table, self.index, self.counters = table, index, counters
         self.segment_bytes = segment_bytes
-        self.write_call_bytes = write_call_bytes  # the largest single write call (fsio.WRITE_CALL_BYTES: why)
+        self.write_call_bound = WriteCallBound(write_call_bytes)  # the largest single write call: why there
         self.file_mode, self.fsync = file_mode, fsync
         self._changed, self._write_trailer, self._log_once = changed, write_trailer, log_once
         self._lock = table.lock
@@ -153,7 +153,7 @@ class Writers:
         err: OSError | None = None
         try:
             done = reserve_run(w.fd, off, offs, trailer)
-            pwritev_all(w.fd, [b for r in run[:done] for b in r[2]], off, self.write_call_bytes)
+            pwritev_all(w.fd, [b for r in run[:done] for b in r[2]], off, self.write_call_bound())
             if done < len(run):
                 err = OSError(errno.ENOSPC, "no space left on device for the whole run", str(w.unit.path))
         except OSError as e:

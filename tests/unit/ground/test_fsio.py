@@ -114,3 +114,60 @@ def test_reads_are_not_bounded_by_the_write_call_size(tmp_path, monkeypatch):
         assert len(calls) == 1
     finally:
         os.close(fd)
+
+
+def _sys_tree(root, features: str | None, order: str | None = "9") -> None:
+    """A /sys with one virtio balloon (device 0x0005) of these feature bits, and the reporting order."""
+    dev = root / "bus/virtio/devices/virtio0"
+    dev.mkdir(parents=True)
+    (dev / "device").write_text("0x0005\n" if features is not None else "0x0002\n")
+    (dev / "features").write_text((features or "0" * 64) + "\n")
+    if order is not None:
+        (root / "module/page_reporting/parameters").mkdir(parents=True)
+        (root / "module/page_reporting/parameters/page_reporting_order").write_text(order + "\n")
+
+
+def _buddyinfo(path, gib_by_order: dict[int, float]) -> None:
+    counts = [int(gib_by_order.get(k, 0) * 2**30) // (4096 << k) for k in range(11)]
+    path.write_text("Node 0, zone      DMA  0  0  0  0  0  0  0  0  1  1  3\n"
+                    "Node 0, zone   Normal " + " ".join(f"{c:6d}" for c in counts) + "\n")
+
+
+def test_write_calls_shrink_while_free_memory_below_the_reporting_order_is_short(tmp_path, monkeypatch):
+    """In a VM that reports free memory from order 9 up, the bound is the largest call size whose
+    folio order and the orders above it (below 9) still hold a GiB free, else the smallest; a fixed
+    `write_call_size` wins, and without reporting the largest size always stands."""
+    monkeypatch.setattr(fsio, "RECHECK_S", 0.0)
+    sys_root, info = tmp_path / "sys", tmp_path / "buddyinfo"
+    _sys_tree(sys_root, "0110010" + "0" * 57)  # bit 5: VIRTIO_BALLOON_F_REPORTING
+    assert fsio.reporting_order(sys_root) == 9
+    bound = fsio.WriteCallBound(0, sys_root, info)
+    for free, want in [({8: 1.5, 10: 8}, 1 << 20),            # 1 MiB blocks to spare
+                       ({7: 0.6, 8: 0.5, 9: 4}, 256 << 10),   # order 9 is reported: it does not count
+                       ({6: 0.7, 7: 0.2, 8: 0.2}, 256 << 10),
+                       ({4: 3.0, 8: 0.1}, 256 << 10),         # nothing left at 256 KiB and up: the smallest
+                       ({8: 1.0}, 1 << 20)]:
+        _buddyinfo(info, free)
+        assert bound() == want, free
+    assert sum(fsio.free_bytes_by_order(info)[:9]) == 2**30 + (4096 << 8)  # the DMA zone's block counts too
+    assert fsio.WriteCallBound(64 << 10, sys_root, info)() == 64 << 10
+    _buddyinfo(info, {4: 3.0})
+    for features, order in [(None, "9"), ("0" * 64, "9")]:  # no balloon; a balloon that does not report
+        root = tmp_path / f"sys-{features is None}"
+        _sys_tree(root, features, order)
+        assert fsio.reporting_order(root) is None and fsio.WriteCallBound(0, root, info)() == 1 << 20
+    root = tmp_path / "sys-default-order"
+    _sys_tree(root, "0110010" + "0" * 57, order=None)
+    assert fsio.reporting_order(root) == 9  # the pageblock order when the module does not say
+
+
+def test_free_memory_by_order_is_the_kernels_free_memory():
+    """Read from this machine: the buddy lists hold some of what /proc/meminfo calls free, never more
+    (per-CPU lists, and blocks a balloon holds while it reports them, are free but not in the lists)."""
+    if not os.path.exists("/proc/buddyinfo"):
+        pytest.skip("no /proc/buddyinfo on this system")
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+    free = int(meminfo["MemFree"].split()[0]) * 1024
+    by_order = fsio.free_bytes_by_order()
+    assert len(by_order) >= 10 and 0 < sum(by_order) <= free + (16 << 20)  # read a moment apart
+    assert fsio.reporting_order() in (None, *range(0, 11))

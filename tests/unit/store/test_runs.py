@@ -326,8 +326,9 @@ def test_page_blocks_store_the_same_records_as_a_list_of_arrays(tmp_path):
 
 @pytest.mark.parametrize("bound", [None, "64KiB"])
 def test_write_calls_of_a_run_stay_within_the_tier_bound(tmp_path, monkeypatch, bound):
-    """A put's run of 768 KiB pages is written in calls of at most `write_call_size` (default 1 MiB):
-    a single write of 2 MiB or more costs 10-20x the kernel time on some kernels (fsio.WRITE_CALL_BYTES)."""
+    """A put's run of 768 KiB pages is written in calls of at most `write_call_size` (by default at most
+    1 MiB, less while free memory is short): a single write of 2 MiB or more costs 10-20x the kernel time
+    on some kernels (fsio.WRITE_CALL_BYTES, WriteCallBound)."""
     limit = (64 << 10) if bound else (1 << 20)
     real, sizes = os.pwritev, []
 
