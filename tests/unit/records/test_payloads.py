@@ -182,3 +182,41 @@ def test_a_page_that_does_not_compress_is_stored_raw_with_or_without_an_arena():
     for alloc in (None, _Arena(4 * page.nbytes)):
         c, parts = payloads.encode(page, 1, True, alloc)
         assert c == payloads.RAW and parts[0] is page
+
+
+@pytest.mark.parametrize("codec_id", [payloads.RAW, payloads.PLANES])
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_a_page_decodes_into_pieces_spread_over_a_pool_and_nowhere_else(codec_id, itemsize):
+    """A layer_first page is pieces one stride apart in the host pool (merged as rows of one view):
+    every arrangement decodes the same bytes into the pieces and leaves every other byte of the pool
+    as it was: equal strides, a reversed order, uneven gaps, pieces of another size between them."""
+    rows, row_bytes = 12, 512 * itemsize
+    page = _kv_like(itemsize, rows * row_bytes // itemsize, seed=itemsize)
+    _, parts = payloads.encode(page, itemsize, compress=codec_id != payloads.RAW)
+    if codec_id == payloads.PLANES:
+        assert payloads.encode(page, itemsize, compress=True)[0] == payloads.PLANES
+    payload = _joined(parts)
+    stride = 3 * row_bytes  # room between the rows, as other pages' tokens lie between a page's layers
+    layouts = {
+        "strided": [i * stride for i in range(rows)],
+        "reversed": [(rows - 1 - i) * stride for i in range(rows)],
+        "uneven": [i * stride + (row_bytes if i % 5 == 4 else 0) for i in range(rows)],
+        "two runs": [i * stride for i in range(rows // 2)] + [i * stride + row_bytes for i in range(rows // 2)],
+    }
+    for name, starts in layouts.items():
+        pool = np.full(rows * stride + 2 * row_bytes, 0xA5, np.uint8)
+        pieces = [pool[s: s + row_bytes] for s in starts]
+        payloads.decode_into(codec_id, payload, pieces, itemsize)
+        assert b"".join(p.tobytes() for p in pieces) == page.tobytes(), name
+        mask = np.ones(pool.nbytes, bool)
+        for s in starts:
+            mask[s: s + row_bytes] = False
+        assert (pool[mask] == 0xA5).all(), f"{name}: bytes outside the pieces were written"
+    sizes = [row_bytes] * 3 + [row_bytes // 2, row_bytes // 2] + [row_bytes] * (rows - 4)  # a row in two halves
+    pool = np.full(rows * stride + 2 * row_bytes, 0xA5, np.uint8)
+    pieces, at = [], 0
+    for k, size in enumerate(sizes):
+        pieces.append(pool[at: at + size])
+        at += size if k == 3 else stride
+    payloads.decode_into(codec_id, payload, pieces, itemsize)
+    assert b"".join(p.tobytes() for p in pieces) == page.tobytes()
