@@ -309,15 +309,14 @@ class WriteCallBound:
 
     def __init__(self, fixed: int = 0, sys_root: Path = Path("/sys"),
                  buddyinfo: Path = Path("/proc/buddyinfo")) -> None:
-        self.fixed = fixed
-        self._order = None if fixed else reporting_order(sys_root)
+        self._order = None if fixed else reporting_order(sys_root)  # None: the bound never changes
         self._buddyinfo = buddyinfo
         self._bound = fixed or CALL_SIZES[0]
         self._checked = float("-inf")
         self._lock = threading.Lock()
 
     def __call__(self) -> int:
-        if self.fixed or self._order is None:
+        if self._order is None:
             return self._bound
         now = time.monotonic()
         if now - self._checked >= RECHECK_S and self._lock.acquire(blocking=False):

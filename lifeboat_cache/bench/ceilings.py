@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..fsio import CALL_SIZES, WriteCallBound, free_bytes_by_order, reporting_order
 from .common import Series, drop_page_cache, log
 from .sizes import Sizes
 
@@ -114,8 +115,6 @@ CALL_SIZES_KIB = (256, 512, 1024, 1536, 2048, 4096, 8192)
 def write_calls(buf: np.ndarray, work: Path, pause_s: float, reps: int) -> dict[str, Any]:
     """Write buf into one new file with `os.pwrite` calls of each size, each run after a pause; GB/s and
     kernel CPU seconds per GB (this thread's system time) by call size."""
-    from ..fsio import WriteCallBound
-
     d = work / "write-calls"
     d.mkdir(parents=True, exist_ok=True)
     mv, gb = memoryview(buf), buf.nbytes / 1e9
@@ -141,7 +140,7 @@ def write_calls(buf: np.ndarray, work: Path, pause_s: float, reps: int) -> dict[
     return {"pause_s": pause_s, "store_bound_kib": WriteCallBound()() >> 10, "by_call_kib": by_size}
 
 
-RUNWAY_CALL_KIB = (256, 1024)  # the two sizes the store chooses between (fsio.CALL_SIZES)
+RUNWAY_CALL_KIB = tuple(sorted(size >> 10 for size in CALL_SIZES))  # the sizes the store chooses between
 
 
 def write_runway(buf: np.ndarray, work: Path, total_mib: int, pause_s: float) -> dict[str, Any]:
@@ -154,8 +153,6 @@ def write_runway(buf: np.ndarray, work: Path, total_mib: int, pause_s: float) ->
     folios are below that order first use up the free lists of their order and the orders above it that
     are still below the reporting order; then they split reported blocks too. Smaller calls have more
     of those lists to draw from. The free GiB by order before each size shows what was there."""
-    from ..fsio import WriteCallBound, free_bytes_by_order, reporting_order
-
     d = work / "write-runway"
     d.mkdir(parents=True, exist_ok=True)
     mv, gb = memoryview(buf), buf.nbytes / 1e9
