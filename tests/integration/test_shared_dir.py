@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -208,6 +209,57 @@ def test_crashed_writers_torn_segment_is_skipped(tmp_path: Path, host: str) -> N
         if host == "-":  # same host, dead pid: the orphan was truncated at the tear and sealed
             assert (root / segment).stat().st_size < 20 * (64 + 16384) + 4096
             assert any(name == segment and sealed for name, _, sealed in d.units())
+    finally:
+        st.close()
+
+
+def test_a_seal_waiting_on_the_server_holds_up_no_read_or_write(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NFS commit can take seconds (a busy filer): the seal's fdatasync runs outside the directory's
+    lock, so reads of sealed pages and new writes go on meanwhile, and the seal completes afterwards."""
+    st = ChunkStore.open(settings("nfs", tmp_path / "store"))
+    try:
+        st.wait_rebuilt()
+        old = [f"old-{i}" for i in range(8)]
+        assert all(st.put(NS, old, [page(0, i) for i in range(8)]))
+        st.flush()
+        assert all(st.put(NS, ["open-0"], [page(1, 0)]))  # an open segment, sealed below
+        entered, release = threading.Event(), threading.Event()
+        real_fdatasync = os.fdatasync
+
+        def slow_commit(fd: int) -> None:
+            entered.set()
+            release.wait(30)
+            real_fdatasync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", slow_commit)
+        sealer = threading.Thread(target=st.flush)
+        sealer.start()
+        try:
+            assert entered.wait(10), "the seal never reached its fdatasync"
+            t0 = time.monotonic()
+            bufs = [np.empty(8192, np.uint16) for _ in old]
+            assert st.get_into(NS, old, bufs) == [True] * 8, "a read waited for the seal (deadline miss)"
+            assert all((b == page(0, i)).all() for i, b in enumerate(bufs))
+            assert all(st.put(NS, ["new-0"], [page(2, 0)])), "a write waited for the seal"
+            assert time.monotonic() - t0 < 1.5  # well inside the 2 s deadline
+            assert sealer.is_alive()  # the commit is still held
+        finally:
+            release.set()
+            sealer.join(30)
+        monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+        assert not sealer.is_alive()
+        units = st.tiers[0].dirs[0].units()
+        assert [sealed for _, _, sealed in units].count(False) == 1  # the held seal completed: only new-0's is open
+    finally:
+        st.close()
+    st = ChunkStore.open(settings("nfs", tmp_path / "store"), background=False)
+    try:
+        keys = ["old-0", "open-0", "new-0"]
+        bufs = [np.empty(8192, np.uint16) for _ in keys]
+        assert st.get_into(NS, keys, bufs) == [True] * 3
+        assert all((b == page(o, 0)).all() for o, b in zip((0, 1, 2), bufs))
+        assert st.verify() == []
     finally:
         st.close()
 

@@ -57,13 +57,13 @@ class Evictor:
                 if self.writers.projected_bytes() <= limit:
                     return freed
                 units = [u for u in self.table.live() if self.policy.evictable(u)]
-                if not units:
-                    if sealed_early:
-                        return freed
-                    sealed_early = True
-                    self.writers.seal_idle()
-                    continue
-                victim = min(units, key=lambda u: self.access.rank(u.name, unit_ms(u.name)))
+                if not units and sealed_early:
+                    return freed
+                victim = min(units, key=lambda u: self.access.rank(u.name, unit_ms(u.name))) if units else None
+            if victim is None:
+                sealed_early = True
+                self.writers.seal_idle()  # outside the lock: a seal's I/O must not hold up readers
+                continue
             # every keep lowers counts, so this ends; the bound only stops a pathological loop early
             action, rows, unread, table = self._choose(victim, keep_allowed=kept <= 4 * len(units))
             if action == KEEP:
