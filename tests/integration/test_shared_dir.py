@@ -264,6 +264,48 @@ def test_a_seal_waiting_on_the_server_holds_up_no_read_or_write(tmp_path: Path,
         st.close()
 
 
+def test_a_put_that_fills_a_segment_does_not_wait_for_its_seal(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """On nfs a full segment is sealed (fdatasync'ed) on a sealing thread: a put whose pages fill
+    segment after segment returns while the commits are held, and every page is sealed afterwards."""
+    st = ChunkStore.open(settings("nfs", tmp_path / "store"))  # 1 MiB segments, 16 KiB pages
+    keys = [f"roll-{i}" for i in range(200)]
+    try:
+        st.wait_rebuilt()
+        entered, release = threading.Event(), threading.Event()
+        real_fdatasync = os.fdatasync
+
+        def slow_commit(fd: int) -> None:
+            entered.set()
+            release.wait(30)
+            real_fdatasync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", slow_commit)
+        try:
+            t0 = time.monotonic()
+            for i in range(0, len(keys), 20):
+                assert all(st.put(NS, keys[i:i + 20], [page(4, k) for k in range(i, i + 20)]))
+            assert time.monotonic() - t0 < 1.5, "a put waited for a seal"
+            assert entered.wait(10), "no segment was sealed"
+            bufs = [np.empty(8192, np.uint16) for _ in keys]
+            assert all(st.get_into(NS, keys, bufs))
+        finally:
+            release.set()
+        monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+    finally:
+        st.close()
+    units = [u for u in os.listdir(tmp_path / "store") if u.endswith(".seg")]
+    assert len(units) >= 3  # 200 pages of 16 KiB: at least three 1 MiB segments
+    st = ChunkStore.open(settings("nfs", tmp_path / "store"), background=False)
+    try:
+        assert all(sealed for _, _, sealed in st.tiers[0].dirs[0].units())
+        bufs = [np.empty(8192, np.uint16) for _ in keys]
+        assert all(st.get_into(NS, keys, bufs))
+        assert all((b == page(4, i)).all() for i, b in enumerate(bufs))
+    finally:
+        st.close()
+
+
 # ---------------------------------------------------------------- paused writers, liveness, same-host visibility
 # Protocol constants shortened for test time: every process of a test sets the same values, as every
 # host runs the same release (they are never settings).

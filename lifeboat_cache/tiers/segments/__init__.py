@@ -12,7 +12,8 @@ index thread, and never parses a record or touches a unit's fields itself.
     directory.py      SegmentDir: the directory's public API (what tiers, purge and the CLI use)
     settings.py       DirSettings: capacity, segment size, refresh, sealing, modes, max age
     units.py          UnitTable: units, fds, add / drop, the lock (its only owner)
-    writers.py        this process's open segments: stripes, reservation, appends, sealing
+    writers.py        this process's open segments: stripes, reservation, appends
+    seals.py          sealing them: trailers outside the lock (nfs: on a sealing thread), retries
     rebuild.py        Scanner: listing, scans, catch-up, batched inserts, orphan sealing
     walk.py           the walk of an unsealed segment, resynchronising past damage
     reads.py          the read path: adjacent records in one preadv, stale locations

@@ -279,8 +279,8 @@ class SegmentDir:
         self.writers.seal()
 
     def _maybe_time_seal(self) -> None:
-        if self.writers.has_unsealed:
-            self.writers.retry_seals()
+        if self.writers.seals.has_unsealed:
+            self.writers.seals.retry()
         if self.settings.seal_after_s is not None:
             self.writers.seal_older(self.settings.seal_after_s)
 
@@ -386,8 +386,8 @@ class SegmentDir:
         self._closed.set()
         self.seal()
         self.indexer.join(timeout=5)
-        if self.writers.has_unsealed:
-            self.writers.retry_seals()
+        if self.writers.seals.has_unsealed:
+            self.writers.seals.retry()
         self.save_snapshot()
         self.access_files.publish(force=True)
         self.writers.close()  # a write still in flight: never leave its fd open

@@ -1,14 +1,9 @@
-"""This process's open segments: stripes, space reservation, runs of appends, sealing and trailer retry.
+"""This process's open segments: stripes, space reservation, runs of appends (seals.py seals them).
 
 Each writing thread sticks to one stripe (one open segment: buffered writes to one file serialize on
 its inode lock). A run of records reserves its room (and the room of a trailer listing every record
 so far) before it is written, so a full disk never leaves a segment unsealable; a record is indexed
-only after its bytes are written (write, then index). A segment is sealed once every write that
-reserved room in it has returned; a trailer that cannot be written (full disk) is retried later.
-Trailers are written, and fdatasync'ed on nfs, outside the unit table's lock, by the thread that made
-the segment ready: an NFS commit of a segment's records can take a second or more, and every read and
-write of the directory takes that lock (measured: warm reads beside 200 MB/s of backups on an nfs tier
-waited up to 0.57 s for it, p99 0.25 s, against 12 ms on a local tier).
+only after its bytes are written (write, then index).
 Records that retention keeps (reinsertion) go through one more open segment, the keeper lane, whose
 name carries the age of the oldest record in it, so age rules (max_age, purge --older-than) still see
 when a kept record was first written.
@@ -25,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -35,21 +30,10 @@ from ...index import Index, Loc
 from ...metrics import Counters
 from ...records import Entry, Record, raw_length, trailer_size
 from .format import unit_ms
-from .units import Unit, UnitTable
+from .seals import Seals, Writer
+from .units import UnitTable
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Writer:
-    unit: Unit
-    fd: int
-    created: float
-    reserved: int = 0
-    inflight: int = 0
-    count: int = 0  # records reserved (written or not)
-    sealing: bool = False
-    entries: list[Entry] = field(default_factory=list)
 
 
 @dataclass
@@ -75,18 +59,15 @@ class Writers:
         self.table, self.index, self.counters = table, index, counters
         self.segment_bytes = segment_bytes
         self.write_call_bound = WriteCallBound(write_call_bytes)  # the largest single write call: why there
-        self.file_mode, self.fsync = file_mode, fsync
-        self._changed, self._write_trailer, self._log_once = changed, write_trailer, log_once
+        self.file_mode = file_mode
+        self._changed, self._log_once = changed, log_once
+        self.seals = Seals(table, counters, fsync=fsync, write_trailer=write_trailer, changed=changed,
+                           log_once=log_once)
         self._lock = table.lock
         self._writers: list[Writer | None] = [None] * (stripes + 1)  # the stripes, then the keeper lane
         self._keeper = stripes
         self._stripe = threading.local()
         self._stripe_next = 0
-        self._sealing: list[Writer] = []  # waiting for in-flight writes before their trailer
-        self._ready: list[Writer] = []  # every write returned: the trailer is next (`_seal_ready`)
-        self._committing = 0  # trailers being written now, outside the lock
-        self._committed = threading.Condition(self._lock)
-        self._unsealed: list[tuple[Unit, list[Entry], int]] = []  # trailer write failed (full disk): retried
         self._promised = 0  # what is left of every run's Promise
 
     @property
@@ -140,7 +121,7 @@ class Writers:
         try:
             return self._append_part(records, first, kept_ms, promise)
         finally:
-            self._seal_ready()
+            self.seals.after_write()
 
     def _append_part(self, records: Sequence[Record], first: int, kept_ms: int | None,
                      promise: Promise | None) -> tuple[list[Loc], bool, OSError | None]:
@@ -179,9 +160,9 @@ class Writers:
             if err is not None:
                 if self._writers[stripe] is w:  # abandon the segment: its tail may hold a partial record
                     self._writers[stripe] = None
-                self._start_seal(w)
+                self.seals.start(w)
             elif w.sealing and w.inflight == 0:
-                self._ready_to_seal(w)
+                self.seals.ready(w)
         locs = [Loc(w.unit.id, off + offs[k], r[3]) for k, r in enumerate(run[:done])]
         if locs:
             self.index.insert_many([r[0] for r in run[:done]], locs)
@@ -201,7 +182,7 @@ class Writers:
         younger = w is not None and kept_ms is not None and unit_ms(w.unit.name) > kept_ms
         if w is not None and (full or younger):  # the keeper lane's name must not be younger than a record
             self._writers[stripe] = None
-            self._start_seal(w)
+            self.seals.start(w)
             w = None
         if w is None:
             name = self.table.new_name(kept_ms)
@@ -211,125 +192,6 @@ class Writers:
             self._changed(True)
         return w
 
-    # ------------------------------------------------------------------ sealing
-    def _start_seal(self, w: Writer) -> None:
-        """No more writes go to w (called under the lock); it is sealed once those in flight return."""
-        w.sealing = True
-        if w.inflight == 0:
-            self._ready_to_seal(w)
-        elif w not in self._sealing:
-            self._sealing.append(w)
-
-    def _ready_to_seal(self, w: Writer) -> None:
-        """Every write to w returned (called under the lock): its trailer is next, outside the lock."""
-        if w in self._sealing:
-            self._sealing.remove(w)
-        if w.fd >= 0 and w not in self._ready:
-            self._ready.append(w)
-
-    def _seal_ready(self) -> None:
-        """Seal the segments that are ready, one at a time, without holding the lock for their I/O.
-        Every method that can make a segment ready calls this after releasing the lock."""
-        while True:
-            with self._lock:
-                if not self._ready:
-                    return
-                w = self._ready.pop()
-                self._committing += 1
-            try:
-                self._seal(w)
-            finally:
-                with self._lock:
-                    self._committing -= 1
-                    self._committed.notify_all()
-
-    def _seal(self, w: Writer) -> None:
-        """Seal a segment whose writes have all returned; only this thread holds it now.
-
-        The trailer lists every record that was written, holes left by failed writes included; only
-        bytes after the last written record are cut. A segment that cannot be sealed (full disk) is
-        marked sealed in memory so eviction can reclaim it, and one with no record is removed. Until
-        the unit is marked sealed (under the lock, after the I/O) it counts as open: eviction, purge
-        and compaction leave it alone, and readers read its records as before.
-        """
-        entries = sorted(w.entries, key=lambda e: e[1])
-        end = max((e[1] + e[2] for e in entries), default=0)
-        unit = w.unit
-        size: int | None = None  # the sealed size, or where the records end after a failure
-        err: OSError | None = None
-        ok = False
-        try:
-            if not entries:
-                os.unlink(unit.path)
-            else:
-                if os.fstat(w.fd).st_size > end:  # a failed write's partial bytes (same size: keep the reserved blocks)
-                    os.ftruncate(w.fd, end)
-                size = self._write_trailer(w.fd, end, entries)
-                if self.fsync:
-                    os.fdatasync(w.fd)
-            ok = True
-        except OSError as e:
-            err, size = e, None
-            if entries:
-                try:
-                    os.ftruncate(w.fd, end)  # drop a partial trailer; the records stay
-                    size = end
-                except OSError:
-                    pass
-        finally:
-            with self._lock:
-                try:
-                    if ok and not entries:
-                        self.table.drop(unit)
-                    elif ok:
-                        unit.size = unit.scanned = unit.walked = size  # type: ignore[assignment]
-                        self.counters.add("sealed_segments")
-                        self._changed(True)
-                    else:
-                        self.counters.add("seal_failures")
-                        self._log_once(f"seal:{getattr(err, 'errno', None)}", "lifeboat: sealing %s failed (%s); its "
-                                       "records stay indexed, the seal is retried (and the next open walks it)",
-                                       unit.path, err)
-                        unit.size = w.reserved if size is None else size
-                        unit.scanned, unit.walked = 0, -1
-                        if entries:
-                            self._unsealed.append((unit, entries, end))
-                finally:
-                    unit.sealed = True  # no more writes: evictable
-                    unit.own = False
-                    os.close(w.fd)
-                    w.fd = -1
-
-    @property
-    def has_unsealed(self) -> bool:
-        """Whether a trailer failed earlier and waits for `retry_seals`."""
-        return bool(self._unsealed)
-
-    def retry_seals(self) -> None:
-        """Write the trailers that failed earlier (the disk may have room again)."""
-        with self._lock:
-            todo, self._unsealed = self._unsealed, []
-            for unit, entries, end in todo:
-                if unit.dropped:
-                    continue
-                try:
-                    fd = open_file(unit.path, os.O_RDWR)
-                except OSError:
-                    continue  # evicted or replaced meanwhile
-                try:
-                    os.ftruncate(fd, end)
-                    size = self._write_trailer(fd, end, entries)
-                    unit.size = unit.scanned = unit.walked = size
-                    self.counters.add("sealed_segments")
-                except OSError:
-                    try:
-                        os.ftruncate(fd, end)
-                    except OSError:
-                        pass
-                    self._unsealed.append((unit, entries, end))
-                finally:
-                    os.close(fd)
-
     def seal(self) -> None:
         """Seal the open segments now (flush / close / shared-FS visibility); those with a write in
         flight are sealed by the writing thread when it returns."""
@@ -337,8 +199,8 @@ class Writers:
             for i, w in enumerate(self._writers):
                 self._writers[i] = None
                 if w is not None:
-                    self._start_seal(w)
-        self._seal_ready()
+                    self.seals.start(w)
+        self.seals.seal_ready()
 
     def seal_older(self, seal_after_s: float) -> None:
         """Seal the open segments that got their first record at least seal_after_s ago."""
@@ -346,8 +208,8 @@ class Writers:
             for i, w in enumerate(self._writers):
                 if w is not None and w.reserved and time.monotonic() - w.created >= seal_after_s:
                     self._writers[i] = None
-                    self._start_seal(w)
-        self._seal_ready()
+                    self.seals.start(w)
+        self.seals.seal_ready()
 
     def seal_idle(self) -> None:
         """Seal the open segments with records and no write in flight (gc: only they are left to evict)."""
@@ -355,8 +217,8 @@ class Writers:
             for i, w in enumerate(self._writers):
                 if w is not None and w.inflight == 0 and w.reserved:
                     self._writers[i] = None
-                    self._start_seal(w)
-        self._seal_ready()
+                    self.seals.start(w)
+        self.seals.seal_ready()
 
     def touch(self) -> None:
         """Update the mtime of every open segment (nfs heartbeat); a seal closes the fd under the same lock."""
@@ -371,14 +233,12 @@ class Writers:
     def close(self) -> None:
         """Close every writer fd, a write still in flight included (call after `seal`), once the
         trailers other threads are writing are written."""
-        self._seal_ready()
+        self.seals.close()
         with self._lock:
-            self._committed.wait_for(lambda: self._committing == 0)
-            for w in [*self._writers, *self._sealing]:
+            for w in self._writers:
                 if w is not None and w.fd >= 0:
                     os.close(w.fd)
                     w.fd = -1
-            self._sealing.clear()
 
 
 def reserve_run(fd: int, off: int, offs: list[int], trailer: int) -> int:
