@@ -306,6 +306,48 @@ def test_a_put_that_fills_a_segment_does_not_wait_for_its_seal(tmp_path: Path,
         st.close()
 
 
+def test_a_heartbeat_waiting_on_the_server_holds_up_no_read_or_write(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nfs heartbeat (a utime of each open segment: a round trip to the filer) runs outside the
+    directory's lock: while one hangs, pages are still read and written."""
+    import lifeboat_cache.tiers.segments.shared_dir as sfs
+
+    monkeypatch.setattr(sfs, "HEARTBEAT_S", 0.05)
+    st = ChunkStore.open(settings("nfs", tmp_path / "store"))
+    try:
+        st.wait_rebuilt()
+        old = [f"old-{i}" for i in range(8)]
+        assert all(st.put(NS, old, [page(0, i) for i in range(8)]))
+        st.flush()
+        assert all(st.put(NS, ["open-0"], [page(1, 0)]))  # an open segment: the heartbeat touches it
+        entered, release = threading.Event(), threading.Event()
+        real_utime = os.utime
+
+        def slow_utime(path: object, *args: object, **kwargs: object) -> None:
+            if isinstance(path, int) or str(path).endswith(".seg"):  # the heartbeat's utime of an open segment
+                entered.set()
+                release.wait(30)
+            real_utime(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(os, "utime", slow_utime)
+        try:
+            assert entered.wait(10), "no heartbeat reached its utime"
+            t0 = time.monotonic()
+            bufs = [np.empty(8192, np.uint16) for _ in old]
+            assert st.get_into(NS, old, bufs) == [True] * 8, "a read waited for the heartbeat (deadline miss)"
+            assert all(st.put(NS, ["new-0"], [page(2, 0)])), "a write waited for the heartbeat"
+            assert time.monotonic() - t0 < 1.5  # well inside the 2 s deadline
+        finally:
+            release.set()
+        monkeypatch.setattr(os, "utime", real_utime)
+        st.flush()  # the touched segment is sealed once its heartbeat returned
+        assert all(sealed for _, _, sealed in st.tiers[0].dirs[0].units())
+        bufs = [np.empty(8192, np.uint16) for _ in range(3)]
+        assert st.get_into(NS, ["old-0", "open-0", "new-0"], bufs) == [True] * 3
+    finally:
+        st.close()
+
+
 # ---------------------------------------------------------------- paused writers, liveness, same-host visibility
 # Protocol constants shortened for test time: every process of a test sets the same values, as every
 # host runs the same release (they are never settings).

@@ -221,14 +221,17 @@ class Writers:
         self.seals.seal_ready()
 
     def touch(self) -> None:
-        """Update the mtime of every open segment (nfs heartbeat); a seal closes the fd under the same lock."""
+        """Update the mtime of every open segment (nfs heartbeat). Each utime is a round trip to the
+        filer, so it runs outside the lock, by path: a segment sealed meanwhile only gets a newer mtime."""
         with self._lock:
-            for w in self._writers:
-                if w is not None and w.fd >= 0 and not w.sealing:
-                    try:
-                        os.utime(w.fd)
-                    except OSError as e:
-                        self._log_once(f"beat:{e.errno}", "lifeboat: cannot touch %s: %s", w.unit.path, e)
+            paths = [w.unit.path for w in self._writers if w is not None and w.fd >= 0 and not w.sealing]
+        for path in paths:
+            try:
+                os.utime(path)
+            except FileNotFoundError:
+                pass  # evicted since (an empty segment sealed away)
+            except OSError as e:
+                self._log_once(f"beat:{e.errno}", "lifeboat: cannot touch %s: %s", path, e)
 
     def close(self) -> None:
         """Close every writer fd, a write still in flight included (call after `seal`), once the
