@@ -348,6 +348,51 @@ def test_a_heartbeat_waiting_on_the_server_holds_up_no_read_or_write(tmp_path: P
         st.close()
 
 
+def test_an_open_waiting_on_the_server_holds_up_no_read_of_another_segment(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first read of a segment opens it outside the directory's lock: while that open hangs (an
+    NFS round trip), pages of segments already open are still read."""
+    import lifeboat_cache.tiers.segments.units as units
+
+    st = ChunkStore.open(settings("nfs", tmp_path / "store"))
+    try:
+        st.wait_rebuilt()
+        old = [f"old-{i}" for i in range(8)]
+        assert all(st.put(NS, old, [page(0, i) for i in range(8)]))
+        st.flush()
+        bufs = [np.empty(8192, np.uint16) for _ in old]
+        assert all(st.get_into(NS, old, bufs))  # their segment's read fd is open now
+        known = {name for name, _, _ in st.tiers[0].dirs[0].units()}
+        assert all(st.put(NS, ["other-0"], [page(1, 0)]))
+        st.flush()
+        entered, release = threading.Event(), threading.Event()
+        real_open = units.open_file
+
+        def slow_open(path: Path, *args: object, **kwargs: object) -> int:
+            if path.name not in known:  # the new segment's first open for reading
+                entered.set()
+                release.wait(30)
+            return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(units, "open_file", slow_open)
+        reader = threading.Thread(target=st.get_into, args=(NS, ["other-0"], [np.empty(8192, np.uint16)]))
+        reader.start()
+        try:
+            assert entered.wait(10), "the read never opened the new segment"
+            t0 = time.monotonic()
+            assert st.get_into(NS, old, bufs) == [True] * 8, "a read waited for another segment's open"
+            assert all((b == page(0, i)).all() for i, b in enumerate(bufs))
+            assert time.monotonic() - t0 < 1.5  # well inside the 2 s deadline
+        finally:
+            release.set()
+            reader.join(30)
+        monkeypatch.setattr(units, "open_file", real_open)
+        out = [np.empty(8192, np.uint16)]
+        assert st.get_into(NS, ["other-0"], out) == [True] and (out[0] == page(1, 0)).all()
+    finally:
+        st.close()
+
+
 # ---------------------------------------------------------------- paused writers, liveness, same-host visibility
 # Protocol constants shortened for test time: every process of a test sets the same values, as every
 # host runs the same release (they are never settings).

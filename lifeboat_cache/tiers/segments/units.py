@@ -119,12 +119,23 @@ class UnitTable:
 
     # ------------------------------------------------------------------ fds
     def acquire(self, unit: Unit) -> int:
-        """The unit's read fd, held until `release`; FileNotFoundError once it is dropped."""
+        """The unit's read fd, held until `release`; FileNotFoundError once it is dropped. The first
+        reader opens the file outside the lock (on NFS an open is a round trip to the filer: one that
+        hangs must not hold up the reads of other segments)."""
         with self.lock:
             if unit.dropped:
                 raise FileNotFoundError(errno.ENOENT, "segment evicted", str(unit.path))
-            if unit.fd is None:
-                unit.fd = open_file(unit.path, os.O_RDONLY)
+            if unit.fd is not None:
+                unit.readers += 1
+                return unit.fd
+        fd = open_file(unit.path, os.O_RDONLY)
+        with self.lock:
+            if unit.dropped or unit.fd is not None:  # evicted meanwhile, or another reader opened it
+                os.close(fd)
+                if unit.dropped:
+                    raise FileNotFoundError(errno.ENOENT, "segment evicted", str(unit.path))
+            else:
+                unit.fd = fd
             unit.readers += 1
             return unit.fd
 
