@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import errno
-import logging
 import os
 import threading
 import time
@@ -32,8 +31,6 @@ from ...records import Entry, Record, raw_length, trailer_size
 from .format import unit_ms
 from .seals import Seals, Writer
 from .units import UnitTable
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
