@@ -393,6 +393,47 @@ def test_an_open_waiting_on_the_server_holds_up_no_read_of_another_segment(tmp_p
         st.close()
 
 
+def test_a_segment_create_waiting_on_the_server_holds_up_no_read(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new segment file is created outside the directory's lock: while a create hangs (an NFS round
+    trip), pages already stored are still read."""
+    import lifeboat_cache.tiers.segments.writers as writers
+
+    st = ChunkStore.open(settings("nfs", tmp_path / "store"))
+    try:
+        st.wait_rebuilt()
+        old = [f"old-{i}" for i in range(8)]
+        assert all(st.put(NS, old, [page(0, i) for i in range(8)]))
+        st.flush()  # no open segment left: the next put creates one
+        entered, release = threading.Event(), threading.Event()
+        real_open = writers.open_file
+
+        def slow_create(path: Path, flags: int, *args: object) -> int:
+            if flags & os.O_CREAT:
+                entered.set()
+                release.wait(30)
+            return real_open(path, flags, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(writers, "open_file", slow_create)
+        writer = threading.Thread(target=st.put, args=(NS, ["new-0"], [page(1, 0)]))
+        writer.start()
+        try:
+            assert entered.wait(10), "the put never created a segment"
+            t0 = time.monotonic()
+            bufs = [np.empty(8192, np.uint16) for _ in old]
+            assert st.get_into(NS, old, bufs) == [True] * 8, "a read waited for a segment's create"
+            assert time.monotonic() - t0 < 1.5  # well inside the 2 s deadline
+        finally:
+            release.set()
+            writer.join(30)
+        monkeypatch.setattr(writers, "open_file", real_open)
+        assert all(st.put(NS, ["new-1"], [page(1, 1)]))
+        out = [np.empty(8192, np.uint16)]
+        assert st.get_into(NS, ["new-1"], out) == [True] and (out[0] == page(1, 1)).all()
+    finally:
+        st.close()
+
+
 # ---------------------------------------------------------------- paused writers, liveness, same-host visibility
 # Protocol constants shortened for test time: every process of a test sets the same values, as every
 # host runs the same release (they are never settings).

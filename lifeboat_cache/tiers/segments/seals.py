@@ -173,8 +173,8 @@ class Seals:
                 finally:
                     unit.sealed = True  # no more writes: evictable
                     unit.own = False
-                    os.close(w.fd)
-                    w.fd = -1
+                    fd, w.fd = w.fd, -1
+            os.close(fd)  # outside the lock: an NFSv4 close is a round trip
 
     @property
     def has_unsealed(self) -> bool:

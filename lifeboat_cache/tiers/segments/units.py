@@ -140,11 +140,13 @@ class UnitTable:
             return unit.fd
 
     def release(self, unit: Unit) -> None:
+        fd = None
         with self.lock:
             unit.readers -= 1
             if unit.dropped and unit.readers == 0 and unit.fd is not None:
-                os.close(unit.fd)
-                unit.fd = None
+                fd, unit.fd = unit.fd, None
+        if fd is not None:
+            os.close(fd)  # outside the lock: an NFSv4 close is a round trip
 
     @contextmanager
     def reading(self, name: str) -> Iterator[int | None]:
@@ -164,10 +166,12 @@ class UnitTable:
 
     def close_cached_fd(self, unit: Unit) -> None:
         """Close a unit's cached fd when no read holds it, so the next read opens the file afresh."""
+        fd = None
         with self.lock:
             if unit.fd is not None and unit.readers == 0:
-                os.close(unit.fd)
-                unit.fd = None
+                fd, unit.fd = unit.fd, None
+        if fd is not None:
+            os.close(fd)
 
     def close_fds(self) -> None:
         with self.lock:
@@ -182,7 +186,7 @@ class UnitTable:
 
     def drop_many(self, units: Sequence[Unit]) -> None:
         """Forget units (evicted, vanished, a discarded snapshot's): one pass over the index for all."""
-        ids = []
+        ids, fds = [], []
         with self.lock:
             for unit in units:
                 if unit.dropped:
@@ -193,8 +197,10 @@ class UnitTable:
                 self._units.pop(unit.id, None)
                 self._by_name.pop(unit.name, None)
                 if unit.readers == 0 and unit.fd is not None:
-                    os.close(unit.fd)
+                    fds.append(unit.fd)
                     unit.fd = None
                 ids.append(unit.id)
+        for fd in fds:
+            os.close(fd)  # outside the lock: an NFSv4 close is a round trip
         if ids:
             self.index.drop_units(ids)

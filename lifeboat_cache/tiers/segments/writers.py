@@ -122,25 +122,19 @@ class Writers:
 
     def _append_part(self, records: Sequence[Record], first: int, kept_ms: int | None,
                      promise: Promise | None) -> tuple[list[Loc], bool, OSError | None]:
-        with self._lock:
-            stripe = self._my_stripe() if kept_ms is None else self._keeper
-            w = self._writer_for(stripe, records[first][3], kept_ms)
-            rolled = w.reserved == 0
-            before = 0 if rolled else w.reserved + trailer_size(w.count)
-            off = w.reserved
-            end, total = first, 0
-            while end < len(records) and (end == first or off + total + records[end][3] <= self.segment_bytes):
-                total += records[end][3]
-                end += 1
-            w.reserved += total
-            w.count += end - first
-            trailer = trailer_size(w.count)  # room for a trailer listing every record so far
-            w.unit.size = w.reserved
-            w.inflight += 1
-            if promise is not None:  # now counted as reserved: no longer as promised
-                taken = min(promise.left, w.reserved + trailer - before)
-                promise.left -= taken
-                self._promised -= taken
+        fresh: tuple[str, int] | None = None  # a segment file created for this run, outside the lock
+        while True:
+            with self._lock:
+                stripe = self._my_stripe() if kept_ms is None else self._keeper
+                w = self._writer_for(stripe, records[first][3], kept_ms, fresh)
+                if w is not None:
+                    if fresh is not None and w.fd == fresh[1]:
+                        fresh = None  # installed
+                    rolled, off, end, trailer = self._reserve(w, records, first, promise)
+                    break
+            fresh = self._create(kept_ms)  # an NFS create is a round trip: never under the lock
+        if fresh is not None:  # another thread of this stripe opened a segment first: ours goes unused
+            self._discard(*fresh)
         run = records[first:end]
         offs = np.cumsum([0] + [r[3] for r in run]).tolist()  # record k spans offs[k]..offs[k+1] from off
         err: OSError | None = None
@@ -165,6 +159,28 @@ class Writers:
             self.index.insert_many([r[0] for r in run[:done]], locs)
         return locs, rolled, err
 
+    def _reserve(self, w: Writer, records: Sequence[Record], first: int,
+                 promise: Promise | None) -> tuple[bool, int, int, int]:
+        """Reserve room in w for the records from `first` on that fit (at least one), under the lock:
+        (whether w was empty, the offset, the end of the run, the trailer's size after it)."""
+        rolled = w.reserved == 0
+        before = 0 if rolled else w.reserved + trailer_size(w.count)
+        off = w.reserved
+        end, total = first, 0
+        while end < len(records) and (end == first or off + total + records[end][3] <= self.segment_bytes):
+            total += records[end][3]
+            end += 1
+        w.reserved += total
+        w.count += end - first
+        trailer = trailer_size(w.count)  # room for a trailer listing every record so far
+        w.unit.size = w.reserved
+        w.inflight += 1
+        if promise is not None:  # now counted as reserved: no longer as promised
+            taken = min(promise.left, w.reserved + trailer - before)
+            promise.left -= taken
+            self._promised -= taken
+        return rolled, off, end, trailer
+
     def _my_stripe(self) -> int:
         """Each writing thread sticks to one stripe (one open segment)."""
         s = getattr(self._stripe, "i", None)
@@ -173,7 +189,11 @@ class Writers:
             self._stripe_next += 1
         return s
 
-    def _writer_for(self, stripe: int, length: int, kept_ms: int | None = None) -> Writer:
+    def _writer_for(self, stripe: int, length: int, kept_ms: int | None,
+                    fresh: tuple[str, int] | None) -> Writer | None:
+        """The stripe's open segment for a record of `length` (called under the lock): a full one (or,
+        in the keeper lane, one younger than kept_ms) is sealed and replaced by `fresh`, the (name, fd)
+        of a file `_create`d for it; None when a new one is needed and there is no fresh file yet."""
         w = self._writers[stripe]
         full = w is not None and w.reserved + length > self.segment_bytes and w.reserved > 0
         younger = w is not None and kept_ms is not None and unit_ms(w.unit.name) > kept_ms
@@ -182,12 +202,27 @@ class Writers:
             self.seals.start(w)
             w = None
         if w is None:
-            name = self.table.new_name(kept_ms)
-            fd = open_file(self.table.path / name, os.O_RDWR | os.O_CREAT, self.file_mode)
-            unit = self.table.add(name, own=True)
+            if fresh is None:
+                return None
+            name, fd = fresh
+            unit = self.table.named(name) or self.table.add(name, own=True)  # a refresh may have listed it
+            unit.own = True
             w = self._writers[stripe] = Writer(unit, fd, time.monotonic())
             self._changed(True)
         return w
+
+    def _create(self, kept_ms: int | None) -> tuple[str, int]:
+        """A new segment file of this process: (name, fd). Raises OSError."""
+        name = self.table.new_name(kept_ms)
+        return name, open_file(self.table.path / name, os.O_RDWR | os.O_CREAT, self.file_mode)
+
+    def _discard(self, name: str, fd: int) -> None:
+        """Remove a segment file created and never written (another thread's came first)."""
+        os.close(fd)
+        try:
+            os.unlink(self.table.path / name)
+        except OSError:
+            pass  # an empty file of this process: the next open removes it
 
     def seal(self) -> None:
         """Seal the open segments now (flush / close / shared-FS visibility); those with a write in
