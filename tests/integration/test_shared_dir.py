@@ -14,7 +14,9 @@ import sys
 import textwrap
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -213,41 +215,64 @@ def test_crashed_writers_torn_segment_is_skipped(tmp_path: Path, host: str) -> N
         st.close()
 
 
+# ---------------------------------------------------------------- a filer that is slow to answer
+# Every read and write of a directory takes its unit table's lock, so no round trip to the filer may be
+# made under it: each test holds one kind of call (as a filer that does not answer) and reads meanwhile.
+@contextmanager
+def held(monkeypatch: pytest.MonkeyPatch, owner: object, name: str,
+         when: Callable[..., bool]) -> Iterator[threading.Event]:
+    """owner.name's calls for which when(*args) holds wait until the block ends; yields the event set
+    when the first one is held."""
+    real = getattr(owner, name)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(*args: object, **kwargs: object) -> object:
+        if when(*args):
+            entered.set()
+            release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, slow)
+    try:
+        yield entered
+    finally:
+        release.set()
+        monkeypatch.setattr(owner, name, real)
+
+
+def _stored(st: ChunkStore) -> list[str]:
+    """Eight pages in a sealed segment, with no segment left open."""
+    st.wait_rebuilt()
+    old = [f"old-{i}" for i in range(8)]
+    assert all(st.put(NS, old, [page(0, i) for i in range(8)]))
+    st.flush()
+    return old
+
+
+def _served_meanwhile(st: ChunkStore, old: list[str], what: str) -> None:
+    t0 = time.monotonic()
+    bufs = [np.empty(8192, np.uint16) for _ in old]
+    assert st.get_into(NS, old, bufs) == [True] * len(old), f"a read waited for {what} (deadline miss)"
+    assert all((b == page(0, i)).all() for i, b in enumerate(bufs))
+    assert time.monotonic() - t0 < 1.5  # well inside the 2 s deadline
+
+
 def test_a_seal_waiting_on_the_server_holds_up_no_read_or_write(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """An NFS commit can take seconds (a busy filer): the seal's fdatasync runs outside the directory's
     lock, so reads of sealed pages and new writes go on meanwhile, and the seal completes afterwards."""
     st = ChunkStore.open(settings("nfs", tmp_path / "store"))
     try:
-        st.wait_rebuilt()
-        old = [f"old-{i}" for i in range(8)]
-        assert all(st.put(NS, old, [page(0, i) for i in range(8)]))
-        st.flush()
+        old = _stored(st)
         assert all(st.put(NS, ["open-0"], [page(1, 0)]))  # an open segment, sealed below
-        entered, release = threading.Event(), threading.Event()
-        real_fdatasync = os.fdatasync
-
-        def slow_commit(fd: int) -> None:
-            entered.set()
-            release.wait(30)
-            real_fdatasync(fd)
-
-        monkeypatch.setattr(os, "fdatasync", slow_commit)
-        sealer = threading.Thread(target=st.flush)
-        sealer.start()
-        try:
+        with held(monkeypatch, os, "fdatasync", lambda fd: True) as entered:
+            sealer = threading.Thread(target=st.flush)
+            sealer.start()
             assert entered.wait(10), "the seal never reached its fdatasync"
-            t0 = time.monotonic()
-            bufs = [np.empty(8192, np.uint16) for _ in old]
-            assert st.get_into(NS, old, bufs) == [True] * 8, "a read waited for the seal (deadline miss)"
-            assert all((b == page(0, i)).all() for i, b in enumerate(bufs))
+            _served_meanwhile(st, old, "a seal")
             assert all(st.put(NS, ["new-0"], [page(2, 0)])), "a write waited for the seal"
-            assert time.monotonic() - t0 < 1.5  # well inside the 2 s deadline
             assert sealer.is_alive()  # the commit is still held
-        finally:
-            release.set()
-            sealer.join(30)
-        monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+        sealer.join(30)
         assert not sealer.is_alive()
         units = st.tiers[0].dirs[0].units()
         assert [sealed for _, _, sealed in units].count(False) == 1  # the held seal completed: only new-0's is open
@@ -272,16 +297,7 @@ def test_a_put_that_fills_a_segment_does_not_wait_for_its_seal(tmp_path: Path,
     keys = [f"roll-{i}" for i in range(200)]
     try:
         st.wait_rebuilt()
-        entered, release = threading.Event(), threading.Event()
-        real_fdatasync = os.fdatasync
-
-        def slow_commit(fd: int) -> None:
-            entered.set()
-            release.wait(30)
-            real_fdatasync(fd)
-
-        monkeypatch.setattr(os, "fdatasync", slow_commit)
-        try:
+        with held(monkeypatch, os, "fdatasync", lambda fd: True) as entered:
             t0 = time.monotonic()
             for i in range(0, len(keys), 20):
                 assert all(st.put(NS, keys[i:i + 20], [page(4, k) for k in range(i, i + 20)]))
@@ -289,9 +305,6 @@ def test_a_put_that_fills_a_segment_does_not_wait_for_its_seal(tmp_path: Path,
             assert entered.wait(10), "no segment was sealed"
             bufs = [np.empty(8192, np.uint16) for _ in keys]
             assert all(st.get_into(NS, keys, bufs))
-        finally:
-            release.set()
-        monkeypatch.setattr(os, "fdatasync", real_fdatasync)
     finally:
         st.close()
     units = [u for u in os.listdir(tmp_path / "store") if u.endswith(".seg")]
@@ -315,31 +328,13 @@ def test_a_heartbeat_waiting_on_the_server_holds_up_no_read_or_write(tmp_path: P
     monkeypatch.setattr(sfs, "HEARTBEAT_S", 0.05)
     st = ChunkStore.open(settings("nfs", tmp_path / "store"))
     try:
-        st.wait_rebuilt()
-        old = [f"old-{i}" for i in range(8)]
-        assert all(st.put(NS, old, [page(0, i) for i in range(8)]))
-        st.flush()
+        old = _stored(st)
         assert all(st.put(NS, ["open-0"], [page(1, 0)]))  # an open segment: the heartbeat touches it
-        entered, release = threading.Event(), threading.Event()
-        real_utime = os.utime
-
-        def slow_utime(path: object, *args: object, **kwargs: object) -> None:
-            if isinstance(path, int) or str(path).endswith(".seg"):  # the heartbeat's utime of an open segment
-                entered.set()
-                release.wait(30)
-            real_utime(path, *args, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(os, "utime", slow_utime)
-        try:
+        segment = lambda path, *a: isinstance(path, int) or str(path).endswith(".seg")  # noqa: E731
+        with held(monkeypatch, os, "utime", segment) as entered:
             assert entered.wait(10), "no heartbeat reached its utime"
-            t0 = time.monotonic()
-            bufs = [np.empty(8192, np.uint16) for _ in old]
-            assert st.get_into(NS, old, bufs) == [True] * 8, "a read waited for the heartbeat (deadline miss)"
+            _served_meanwhile(st, old, "the heartbeat")
             assert all(st.put(NS, ["new-0"], [page(2, 0)])), "a write waited for the heartbeat"
-            assert time.monotonic() - t0 < 1.5  # well inside the 2 s deadline
-        finally:
-            release.set()
-        monkeypatch.setattr(os, "utime", real_utime)
         st.flush()  # the touched segment is sealed once its heartbeat returned
         assert all(sealed for _, _, sealed in st.tiers[0].dirs[0].units())
         bufs = [np.empty(8192, np.uint16) for _ in range(3)]
@@ -356,37 +351,17 @@ def test_an_open_waiting_on_the_server_holds_up_no_read_of_another_segment(tmp_p
 
     st = ChunkStore.open(settings("nfs", tmp_path / "store"))
     try:
-        st.wait_rebuilt()
-        old = [f"old-{i}" for i in range(8)]
-        assert all(st.put(NS, old, [page(0, i) for i in range(8)]))
-        st.flush()
-        bufs = [np.empty(8192, np.uint16) for _ in old]
-        assert all(st.get_into(NS, old, bufs))  # their segment's read fd is open now
+        old = _stored(st)
+        _served_meanwhile(st, old, "nothing")  # their segment's read fd is open now
         known = {name for name, _, _ in st.tiers[0].dirs[0].units()}
         assert all(st.put(NS, ["other-0"], [page(1, 0)]))
         st.flush()
-        entered, release = threading.Event(), threading.Event()
-        real_open = units.open_file
-
-        def slow_open(path: Path, *args: object, **kwargs: object) -> int:
-            if path.name not in known:  # the new segment's first open for reading
-                entered.set()
-                release.wait(30)
-            return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(units, "open_file", slow_open)
-        reader = threading.Thread(target=st.get_into, args=(NS, ["other-0"], [np.empty(8192, np.uint16)]))
-        reader.start()
-        try:
+        with held(monkeypatch, units, "open_file", lambda path, *a: path.name not in known) as entered:
+            reader = threading.Thread(target=st.get_into, args=(NS, ["other-0"], [np.empty(8192, np.uint16)]))
+            reader.start()
             assert entered.wait(10), "the read never opened the new segment"
-            t0 = time.monotonic()
-            assert st.get_into(NS, old, bufs) == [True] * 8, "a read waited for another segment's open"
-            assert all((b == page(0, i)).all() for i, b in enumerate(bufs))
-            assert time.monotonic() - t0 < 1.5  # well inside the 2 s deadline
-        finally:
-            release.set()
-            reader.join(30)
-        monkeypatch.setattr(units, "open_file", real_open)
+            _served_meanwhile(st, old, "another segment's open")
+        reader.join(30)
         out = [np.empty(8192, np.uint16)]
         assert st.get_into(NS, ["other-0"], out) == [True] and (out[0] == page(1, 0)).all()
     finally:
@@ -401,32 +376,13 @@ def test_a_segment_create_waiting_on_the_server_holds_up_no_read(tmp_path: Path,
 
     st = ChunkStore.open(settings("nfs", tmp_path / "store"))
     try:
-        st.wait_rebuilt()
-        old = [f"old-{i}" for i in range(8)]
-        assert all(st.put(NS, old, [page(0, i) for i in range(8)]))
-        st.flush()  # no open segment left: the next put creates one
-        entered, release = threading.Event(), threading.Event()
-        real_open = writers.open_file
-
-        def slow_create(path: Path, flags: int, *args: object) -> int:
-            if flags & os.O_CREAT:
-                entered.set()
-                release.wait(30)
-            return real_open(path, flags, *args)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(writers, "open_file", slow_create)
-        writer = threading.Thread(target=st.put, args=(NS, ["new-0"], [page(1, 0)]))
-        writer.start()
-        try:
+        old = _stored(st)  # no open segment left: the next put creates one
+        with held(monkeypatch, writers, "open_file", lambda path, flags, *a: bool(flags & os.O_CREAT)) as entered:
+            writer = threading.Thread(target=st.put, args=(NS, ["new-0"], [page(1, 0)]))
+            writer.start()
             assert entered.wait(10), "the put never created a segment"
-            t0 = time.monotonic()
-            bufs = [np.empty(8192, np.uint16) for _ in old]
-            assert st.get_into(NS, old, bufs) == [True] * 8, "a read waited for a segment's create"
-            assert time.monotonic() - t0 < 1.5  # well inside the 2 s deadline
-        finally:
-            release.set()
-            writer.join(30)
-        monkeypatch.setattr(writers, "open_file", real_open)
+            _served_meanwhile(st, old, "a segment's create")
+        writer.join(30)
         assert all(st.put(NS, ["new-1"], [page(1, 1)]))
         out = [np.empty(8192, np.uint16)]
         assert st.get_into(NS, ["new-1"], out) == [True] and (out[0] == page(1, 1)).all()
