@@ -13,7 +13,7 @@ from typing import Any
 
 from .report_plots import plots
 from .report_retention import retention_table
-from .report_serving import interference_table, serving_tables
+from .report_serving import busy_tier_table, interference_table, serving_tables
 from .report_tables import tables
 
 __all__ = ["json_default", "write"]
@@ -24,7 +24,8 @@ def write(res: dict[str, Any], out: Path) -> tuple[str, list[Path]]:
     (out / "results.json").write_text(json.dumps(res, indent=1, default=json_default))
     sec = res["sections"]
     md = (tables(res).rstrip("\n") + "\n\n" + "\n".join(retention_table(sec.get("retention")))
-          + "\n".join(interference_table(sec.get("interference"))) + "\n".join(serving_tables(sec.get("serving"))))
+          + "\n".join(interference_table(sec.get("interference"))) + "\n".join(busy_tier_table(sec.get("busy_tier")))
+          + "\n".join(serving_tables(sec.get("serving"))))
     (out / "results.md").write_text(md)
     return md, plots(res, out)
 

@@ -3,7 +3,8 @@ halves), the cold-start cliff (TTFT p50 before / after the restart), where promp
 storage did not supply more (SGLang's unfulfilled reasons), the answers against the no-HiCache server, and
 the floor probe (restored alone against the same prompt from device memory); the plot is every request's
 TTFT in the order sent. Also the `interference` section's table: what each backend's threads cost a Python
-thread in the same process, as SGLang's scheduler is."""
+thread in the same process, as SGLang's scheduler is; and the `busy_tier` section's: reads and puts while a
+process backs up pages, per tier kind."""
 
 from __future__ import annotations
 
@@ -110,6 +111,24 @@ def interference_table(sec: Any) -> list[str]:
         out.append(f"| {name} | {_x(r['steps_vs_none'])} | {st['p50']:.2f} / {st['p99']:.2f} / {st['p999']:.2f} "
                    f"| {r['main_cpu_share']:.2f} | {r['voluntary_switches']:,} / {r['involuntary_switches']:,} "
                    f"| {r['pages_written']:,} | {len(r['errors'])} |")
+    return out + [""]
+
+
+def busy_tier_table(sec: Any) -> list[str]:
+    out = ["", "### Reads and puts while a process backs up pages, per tier kind", ""]
+    if not section_ok(sec):
+        return out + [section_status(sec)]
+    out += [f"A thread puts {sec['pages_per_put']} pages of {sec['page_bytes'] / 2**20:.2f} MiB at "
+            f"{sec['backup_mb_s']} MB/s (segment_size {sec['segment_size']}) for {sec['seconds']:g} s while the "
+            f"main thread reads {sec['read_pages']} stored pages every {sec['read_period_ms']:g} ms "
+            "(nfs: a local directory as an nfs tier: its seals fdatasync, seal_after_s 2).", "",
+            "| tier | read p50 / p99 / worst ms | reads over 50 ms | read misses | put p50 / p99 / worst ms "
+            "| pages not stored |", "|---|---|---|---|---|---|"]
+    for r in sec["rows"]:
+        rd, pt = r["read_ms"], r["put_ms"]
+        out.append(f"| {r['kind']} | {rd['p50']:.1f} / {rd['p99']:.1f} / {rd['max']:.1f} "
+                   f"| {r['reads_over_50ms']} of {r['reads']} | {r['read_misses']} "
+                   f"| {pt['p50']:.1f} / {pt['p99']:.1f} / {pt['max']:.1f} | {r['pages_not_stored']} |")
     return out + [""]
 
 

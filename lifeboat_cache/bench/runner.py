@@ -34,8 +34,8 @@ def _section(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_all(out: Path, work: Path, sizes: Sizes, quick: bool, only: list[str]) -> dict[str, Any]:
-    from . import (ceilings, compression, interference, mlx, realkv, retention, s3, sealing, server, serving,
-                   sglang_vs_file)
+    from . import (busy_tier, ceilings, compression, interference, mlx, realkv, retention, s3, sealing, server,
+                   serving, sglang_vs_file)
     from .adapters import call_run
 
     t0 = time.perf_counter()
@@ -61,6 +61,7 @@ def run_all(out: Path, work: Path, sizes: Sizes, quick: bool, only: list[str]) -
         "compression": lambda: compression.run(work, sizes, sample),
         "retention": lambda: retention.run(work, sizes, quick),
         "interference": lambda: interference.run(work, sizes, quick),
+        "busy_tier": lambda: busy_tier.run(work, sizes, quick),
         "s3": lambda: s3.run(work, sizes, quick),
         "mlx": lambda: mlx.run(work, sizes),
         "server": lambda: server.run(work, sizes),

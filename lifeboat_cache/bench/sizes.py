@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 SECTIONS = ("ceilings", "sglang_vs_file", "sealing", "index_scale", "compression", "retention", "interference",
-            "s3", "mlx", "server", "serving")  # in run order
+            "busy_tier", "s3", "mlx", "server", "serving")  # in run order
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,12 @@ class Sizes:
     interference_period_ms: int = 100   # a burst this often (110 pages/s, ~80 MB/s); every other one read back
     interference_io_workers: str = "8,1"  # LifeboatCache contenders (engine io_workers; 8 is the default)
     interference_io_scheduling: str = "batch,normal"  # ... each under these io_scheduling (batch: the default)
+    # reads and puts beside a process's backups, per tier kind (busy_tier.py; 2 s each with --quick)
+    busy_tier_kinds: str = "local,nfs"  # nfs: on a local directory (its seals fdatasync, seal_after_s 2)
+    busy_tier_s: int = 15               # seconds per kind
+    busy_tier_mb_s: int = 200           # backups' rate
+    busy_tier_pages: int = 8            # pages (768 KiB) per put
+    busy_tier_segment: str = "64MiB"    # segment_size: a put fills one every ~0.3 s
 
 
 QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, runway_mib=16, batch_pages=4, write_pause_ms=1, realkv_tokens=64,

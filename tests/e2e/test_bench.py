@@ -38,6 +38,13 @@ def test_sizes_overrides_and_bad_input() -> None:
         make(False, ["reps=0"])
 
 
+def test_busy_tier_refuses_a_kind_without_a_directory(tmp_path: Path) -> None:
+    from lifeboat_cache.bench import busy_tier
+
+    with pytest.raises(ValueError, match="busy_tier_kinds: s3: choose from local, nfs"):
+        busy_tier.run(tmp_path, make(True, ["busy_tier_kinds=local,s3"]), quick=True)
+
+
 def test_drop_page_cache_leaves_nothing_resident(tmp_path: Path) -> None:
     path = tmp_path / "f.bin"
     path.write_bytes(np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes())
@@ -93,6 +100,10 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
         ("none", None, None), ("file", None, None), ("lifeboat", 8, "batch"), ("lifeboat", 8, "normal")]
     for r in itf["rows"]:
         assert r["steps"] > 0 and not r["errors"] and (r["pages_written"] > 0) == (r["contender"] != "none"), r
+    bt = res["sections"]["busy_tier"]  # both tier kinds read their stored pages beside the backups
+    assert [r["kind"] for r in bt["rows"]] == ["local", "nfs"]
+    for r in bt["rows"]:
+        assert r["reads"] > 0 and r["puts"] > 0 and r["read_ms"]["p50"] <= r["read_ms"]["p99"] <= r["read_ms"]["max"], r
     cm = res["sections"]["compression"]["choices"]
     assert set(cm) == {"real_kv", "random_bf16"} and cm["real_kv"]["none"]["ratio"] == pytest.approx(1.0, rel=1e-3)
     s3 = res["sections"]["s3"]["latencies"]["0"]

@@ -3,12 +3,11 @@
 A segment is sealed once every write that reserved room in it has returned; a trailer that cannot be
 written (full disk) is retried later. Trailers are written, and fdatasync'ed on nfs, outside the unit
 table's lock: an NFS commit of a segment's records can take a second or more, and every read and write
-of the directory takes that lock (measured: warm reads beside 200 MB/s of backups on an nfs tier waited
-up to 0.57 s for it, p99 0.25 s, against 12 ms on a local tier). A segment a write filled or ended is
-sealed by that writing thread on a local tier (a trailer write), and by a short-lived sealing thread
-where seals fdatasync, so no put waits for an NFS commit (put p99 141-162 ms with 64 MiB segments at
-200 MB/s, against 9-49 ms locally). A seal that is asked for (flush, close, seal_after_s, capacity gc)
-is done before the call returns.
+of the directory takes that lock (`lifeboat bench --only busy_tier`, beside 200 MB/s of backups on an nfs
+tier: read p99 148 ms before, 12 ms since; docs/storage.md). A segment a write filled or ended is sealed
+by that writing thread on a local tier (a trailer write), and by a short-lived sealing thread where seals
+fdatasync, so no put waits for an NFS commit (put p99 156 ms before, 22 ms since). A seal that is asked
+for (flush, close, seal_after_s, capacity gc) is done before the call returns.
 """
 
 from __future__ import annotations
