@@ -37,6 +37,7 @@ class Unit:
     size: int = 0  # bytes on disk (own open segment: bytes reserved)
     sealed: bool = False
     fd: int | None = None
+    fd_epoch: int = 0  # bumped when the cached fd must be opened afresh (close-to-open, close_cached_fd)
     readers: int = 0
     dropped: bool = False
     damaged: list[tuple[int, int]] = field(default_factory=list)  # skipped regions (counted once)
@@ -122,22 +123,21 @@ class UnitTable:
         """The unit's read fd, held until `release`; FileNotFoundError once it is dropped. The first
         reader opens the file outside the lock (on NFS an open is a round trip to the filer: one that
         hangs must not hold up the reads of other segments)."""
-        with self.lock:
-            if unit.dropped:
-                raise FileNotFoundError(errno.ENOENT, "segment evicted", str(unit.path))
-            if unit.fd is not None:
-                unit.readers += 1
-                return unit.fd
-        fd = open_file(unit.path, os.O_RDONLY)
-        with self.lock:
-            if unit.dropped or unit.fd is not None:  # evicted meanwhile, or another reader opened it
-                os.close(fd)
+        while True:
+            with self.lock:
                 if unit.dropped:
                     raise FileNotFoundError(errno.ENOENT, "segment evicted", str(unit.path))
-            else:
-                unit.fd = fd
-            unit.readers += 1
-            return unit.fd
+                if unit.fd is not None:
+                    unit.readers += 1
+                    return unit.fd
+                epoch = unit.fd_epoch
+            fd = open_file(unit.path, os.O_RDONLY)
+            with self.lock:
+                if not unit.dropped and unit.fd is None and unit.fd_epoch == epoch:
+                    unit.fd = fd
+                    unit.readers += 1
+                    return fd
+            os.close(fd)  # evicted, opened by another reader, or to be opened afresh meanwhile: look again
 
     def release(self, unit: Unit) -> None:
         fd = None
@@ -168,6 +168,7 @@ class UnitTable:
         """Close a unit's cached fd when no read holds it, so the next read opens the file afresh."""
         fd = None
         with self.lock:
+            unit.fd_epoch += 1  # an open in progress outside the lock is not cached either
             if unit.fd is not None and unit.readers == 0:
                 fd, unit.fd = unit.fd, None
         if fd is not None:
