@@ -19,16 +19,12 @@ from typing import Any
 import numpy as np
 
 from .common import log
+from .index_common import percentiles_ms
 from .sizes import Sizes, names
 
 PAGE_BYTES = 768 << 10  # one 64-token page of the small shape (24 layers x 2 KV heads x 64, bf16)
 HOT_PAGES = 8
 READ_PERIOD_S = 0.01
-
-
-def _percentiles(ms: list[float]) -> dict[str, float]:
-    a = np.asarray(ms) if ms else np.zeros(1)
-    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
 
 
 def measure(kind: str, path: Path, sizes: Sizes, seconds: float) -> dict[str, Any]:
@@ -50,7 +46,7 @@ def measure(kind: str, path: Path, sizes: Sizes, seconds: float) -> dict[str, An
         while not stop.is_set():
             t = time.perf_counter()
             ok = st.put(ns, [f"b{n}-{i}" for i in range(len(backup))], backup)
-            puts.append((time.perf_counter() - t) * 1e3)
+            puts.append(time.perf_counter() - t)
             failed[0] += len(ok) - sum(ok)
             n += 1
             due = t0 + n * len(backup) * PAGE_BYTES / (sizes.busy_tier_mb_s * 1e6)
@@ -70,16 +66,16 @@ def measure(kind: str, path: Path, sizes: Sizes, seconds: float) -> dict[str, An
         while time.monotonic() < t_end:
             t = time.perf_counter()
             misses += HOT_PAGES - sum(st.get_into(ns, hot, out))
-            reads.append((time.perf_counter() - t) * 1e3)
+            reads.append(time.perf_counter() - t)
             time.sleep(READ_PERIOD_S)
         stop.set()
         th.join(60)
     finally:
         stop.set()
         st.close()
-    return {"kind": kind, "reads": len(reads), "read_ms": _percentiles(reads),
-            "reads_over_50ms": int(sum(r > 50 for r in reads)), "read_misses": misses,
-            "puts": len(puts), "put_ms": _percentiles(puts), "pages_not_stored": failed[0]}
+    return {"kind": kind, "reads": len(reads), "read_ms": percentiles_ms(reads or [0.0]),
+            "reads_over_50ms": int(sum(r > 0.05 for r in reads)), "read_misses": misses,
+            "puts": len(puts), "put_ms": percentiles_ms(puts or [0.0]), "pages_not_stored": failed[0]}
 
 
 KINDS = ("local", "nfs")  # the segment-directory tiers (an S3 tier has no directory lock)
