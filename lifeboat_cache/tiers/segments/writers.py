@@ -226,7 +226,7 @@ class Writers:
 
     def seal(self) -> None:
         """Seal the open segments now (flush / close / shared-FS visibility); those with a write in
-        flight are sealed by the writing thread when it returns."""
+        flight are sealed once it returns (seals.after_write)."""
         with self._lock:
             for i, w in enumerate(self._writers):
                 self._writers[i] = None
