@@ -32,7 +32,10 @@ def _store(root: Path, monkeypatch: pytest.MonkeyPatch) -> ChunkStore:
     monkeypatch.setattr(seg, "SNAPSHOT_INTERVAL_S", 0.1)
     monkeypatch.setattr(seg, "SNAPSHOT_MIN_SEGMENTS", 2)
     cfg = settings_from_dict({"storage": [{"type": "local", "path": str(root), "capacity": "256MiB",
-                                           "segment_size": "1MiB", "refresh_interval_s": 0.05}]})
+                                           "segment_size": "1MiB", "refresh_interval_s": 0.05}],
+                               # what is tested here is the snapshot, not the read deadline (tests/unit/store):
+                               # a CI runner once took over the default 2 s for the 1,200-page read below
+                               "engine": {"deadline_s": 30}})
     return ChunkStore.open(cfg)
 
 
