@@ -7,6 +7,7 @@ listing, torn tails), not an NFS client's caching. docs/storage.md lists the mou
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -386,6 +387,50 @@ def test_a_segment_create_waiting_on_the_server_holds_up_no_read(tmp_path: Path,
         assert all(st.put(NS, ["new-1"], [page(1, 1)]))
         out = [np.empty(8192, np.uint16)]
         assert st.get_into(NS, ["new-1"], out) == [True] and (out[0] == page(1, 1)).all()
+    finally:
+        st.close()
+
+
+def test_a_retried_seal_waiting_on_the_server_holds_up_no_read(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trailer that failed (a full filer) is written again later, outside the directory's lock as a
+    first seal is: while the retry's commit hangs, pages are still read and written, and afterwards the
+    segment is sealed on disk."""
+    import lifeboat_cache.tiers.segments.shared_dir as sfs
+
+    st = ChunkStore.open(settings("nfs", tmp_path / "store"))
+    d = st.tiers[0].dirs[0]
+    try:
+        old = _stored(st)
+        assert all(st.put(NS, ["late-0"], [page(1, 0)]))
+        real, failed = sfs.write_trailer, []
+
+        def full_once(fd: int, at: int, entries: object) -> int:
+            if not failed:
+                failed.append(fd)
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, at, entries)
+
+        monkeypatch.setattr(sfs, "write_trailer", full_once)
+        st.flush()
+        assert failed and d.writers.seals.has_unsealed and d.counters["seal_failures"] == 1
+        with held(monkeypatch, os, "fdatasync", lambda fd: True) as entered:
+            retry = threading.Thread(target=d.writers.seals.retry)
+            retry.start()
+            assert entered.wait(10), "the retry never reached its commit"
+            _served_meanwhile(st, old, "a retried seal")
+            assert all(st.put(NS, ["new-0"], [page(2, 0)])), "a write waited for the retried seal"
+        retry.join(30)
+        assert not retry.is_alive() and not d.writers.seals.has_unsealed
+    finally:
+        st.close()
+    st = ChunkStore.open(settings("nfs", tmp_path / "store"), background=False)
+    try:
+        assert all(sealed for _, _, sealed in st.tiers[0].dirs[0].units())
+        bufs = [np.empty(8192, np.uint16) for _ in range(3)]
+        assert st.get_into(NS, ["old-0", "late-0", "new-0"], bufs) == [True] * 3
+        assert all((b == page(o, 0)).all() for o, b in zip((0, 1, 2), bufs))
+        assert st.verify() == []
     finally:
         st.close()
 

@@ -7,7 +7,8 @@ of the directory takes that lock (`lifeboat bench --only busy_tier`, beside 200 
 tier: read p99 148 ms before, 12 ms since; docs/storage.md). A segment a write filled or ended is sealed
 by that writing thread on a local tier (a trailer write), and by a short-lived sealing thread where seals
 fdatasync, so no put waits for an NFS commit (put p99 156 ms before, 22 ms since). A seal that is asked
-for (flush, close, seal_after_s, capacity gc) is done before the call returns.
+for (flush, close, seal_after_s, capacity gc) is done before the call returns. A trailer that failed
+is retried outside the lock too (`retry`), and on nfs it is fdatasync'ed as a first seal is.
 """
 
 from __future__ import annotations
@@ -181,29 +182,42 @@ class Seals:
         return bool(self._unsealed)
 
     def retry(self) -> None:
-        """Write the trailers that failed earlier (the disk may have room again)."""
+        """Write the trailers that failed earlier (the disk may have room again), outside the lock as a
+        first seal is: the unit is already evictable, so one evicted meanwhile only loses its trailer."""
         with self._lock:
             todo, self._unsealed = self._unsealed, []
-            for unit, entries, end in todo:
-                if unit.dropped:
-                    continue
-                try:
-                    fd = open_file(unit.path, os.O_RDWR)
-                except OSError:
-                    continue  # evicted or replaced meanwhile
+        failed: list[tuple[Unit, list[Entry], int]] = []
+        for unit, entries, end in todo:
+            if unit.dropped:
+                continue
+            try:
+                fd = open_file(unit.path, os.O_RDWR)
+            except OSError:
+                continue  # evicted or replaced meanwhile
+            size: int | None = None
+            try:
+                os.ftruncate(fd, end)
+                size = self._write_trailer(fd, end, entries)
+                if self.fsync:
+                    os.fdatasync(fd)
+            except OSError:
+                size = None
                 try:
                     os.ftruncate(fd, end)
-                    size = self._write_trailer(fd, end, entries)
-                    unit.size = unit.scanned = unit.walked = size
-                    self.counters.add("sealed_segments")
                 except OSError:
-                    try:
-                        os.ftruncate(fd, end)
-                    except OSError:
-                        pass
-                    self._unsealed.append((unit, entries, end))
-                finally:
-                    os.close(fd)
+                    pass
+                failed.append((unit, entries, end))
+            finally:
+                os.close(fd)
+            if size is not None:
+                with self._lock:
+                    if not unit.dropped:
+                        unit.size = unit.scanned = unit.walked = size
+                        self.counters.add("sealed_segments")
+                        self._changed(True)
+        if failed:
+            with self._lock:
+                self._unsealed.extend(failed)
 
     def close(self) -> None:
         """Seal what is ready, wait for the seals in progress, then close the fds of segments whose
