@@ -9,6 +9,7 @@ counted and logged once per cooldown, and every call returns by `engine.deadline
   read.py         ReadPath: first tier, then page by page over the tiers; verify, decode, promote
   calls.py        IoCalls: the io pool, the task arena, the call's deadline, late pages, hung tiers held
   io_workers.py   IoWorkers (elastic, bounded io threads), Gate (late tasks never touch a caller's buffer)
+  gc_pauses.py    GcPauses: the deadlines' clock, which stands still while Python's GC stops every thread
   pages.py        PageBlocks, page_view: a page as flat uint8 views of the caller's buffers, no copy
   maint.py        verify both ways, record headers per key id, dropping records
   copier.py       background copy of new records to the lower tiers (on a BoundedWriter)

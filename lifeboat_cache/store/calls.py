@@ -19,6 +19,7 @@ import numpy as np
 from ..cooldown import Cooldown
 from ..metrics import Counters
 from ..tiers import Probing, Tier
+from .gc_pauses import GcPauses
 from .io_workers import Gate, IoWorkers, TaskArena
 
 log = logging.getLogger(__name__)
@@ -53,14 +54,15 @@ class IoCalls:
         self.pool = IoWorkers(io_workers, max_workers=io_workers * IO_THREADS_PER_WORKER,
                               counters=counters, stuck_s=deadline_s, policy=policy)
         self.arena = TaskArena()  # per io task: sealed records being written, records read privately
+        self.gc_pauses = GcPauses().start()  # a call's deadline does not run on through a GC pause
         self.closed = False
         self._probes: dict[int, int | None] = {}  # held tier level -> a key to probe it with
         self._prober: threading.Thread | None = None
         self._probe_lock = threading.Lock()
 
     def t_end(self) -> float:
-        """The deadline of a call that starts now (time.monotonic)."""
-        return time.monotonic() + self.deadline_s
+        """The deadline of a call that starts now, on a clock that stands still during GC pauses."""
+        return self.gc_pauses.clock() + self.deadline_s
 
     def until(self, fn: Callable[[int], Any], items: list[int], t_end: float, gate: Gate,
               cd: Cooldown | None, what: str, where: list[int] | None = None,
@@ -73,7 +75,8 @@ class IoCalls:
             return []
         if self.closed:
             return [fn(i) for i in items]
-        futs, late = self.pool.run_until(fn, items, t_end, gate, min(DEADLINE_GRACE_S, self.deadline_s))
+        futs, late = self.pool.run_until(fn, items, t_end, gate, min(DEADLINE_GRACE_S, self.deadline_s),
+                                         clock=self.gc_pauses.clock)
         out: list[Any] = []
         for f in futs:
             if not f.done() or f.cancelled():
@@ -160,4 +163,5 @@ class IoCalls:
     def close(self) -> None:
         """No new probes; the io threads stop (those not stuck are joined, up to the deadline + grace)."""
         self.closed = True
+        self.gc_pauses.close()
         self.pool.shutdown(wait=True, timeout=self.deadline_s + DEADLINE_GRACE_S)

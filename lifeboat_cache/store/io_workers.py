@@ -234,13 +234,17 @@ class IoWorkers:
                     self._started.pop(me, None)
 
     def run_until(self, fn: Callable[[int], Any], items: Sequence[int], t_end: float, gate: Gate,
-                  grace_s: float) -> tuple[list[Future], list[int]]:
+                  grace_s: float, clock: Callable[[], float] = time.monotonic) -> tuple[list[Future], list[int]]:
         """Run fn(i) for every item; return at t_end at the latest (plus up to grace_s for pages
-        already inside the gate). Returns (futures, positions not done when the call returned)."""
+        already inside the gate). Returns (futures, positions not done when the call returned).
+        t_end is on `clock`, which may stand still while the whole process does (store/gc_pauses.py)."""
         futs = [self.submit(fn, i) for i in items]
-        _, not_done = wait_futures(futs, timeout=max(0.0, t_end - time.monotonic()))
-        if not not_done:
-            return futs, []
+        while True:
+            _, not_done = wait_futures(futs, timeout=max(0.0, t_end - clock()))
+            if not not_done:
+                return futs, []
+            if t_end - clock() <= 0.001:
+                break  # else the process stood still meanwhile: the deadline moved on, wait out the rest
         for f in not_done:
             f.cancel()  # not started yet: never runs
         inside = gate.close()

@@ -6,6 +6,7 @@ Every record is still verified before its page counts; a full disk keeps only wh
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import threading
 import time
@@ -289,6 +290,62 @@ def test_hung_run_write_and_read_return_by_the_deadline(tmp_path, monkeypatch):
         assert time.monotonic() - t0 < 0.3 + store_calls.DEADLINE_GRACE_S + 0.5
         assert st.stats()["counters"]["writes_dropped_deadline"] == 8
         stop.set()
+
+
+def test_a_gc_pause_mid_read_is_no_deadline_miss_and_a_hang_still_is(tmp_path, monkeypatch):
+    """A full collection holds every thread of the process (a second or more in a big server heap): the
+    deadline stands still meanwhile (store/gc_pauses.py), so a read of a healthy tier is served and the
+    tier is not held; a read still hung after the collection is a miss at the deadline."""
+    ks, ps = keys(8), [page(i) for i in range(8)]
+    eng = {"deadline_s": 0.3, "failure_cooldown_s": 0.05, "failure_cooldown_max_s": 0.1}
+    with ChunkStore.open(settings(tmp_path, engine=eng), background=False) as st:
+        assert all(st.put(NS, ks, ps))
+        entered, collected, hang = threading.Event(), threading.Event(), [False]
+        real_r = seg_reads.preadv_all
+
+        def read_stopped_by_the_collection(fd, bufs, off):  # type: ignore[no-untyped-def]
+            entered.set()
+            collected.wait(10)  # as the GC holds this io thread
+            if hang[0]:
+                time.sleep(1.0)  # and then a tier that does not answer
+            return real_r(fd, bufs, off)
+
+        def long_collection(phase: str, info: dict) -> None:  # a collection that lasts 1 s
+            if phase == "start":
+                time.sleep(1.0)
+            else:
+                collected.set()
+
+        def collect_mid_read() -> None:
+            entered.wait(10)
+            gc.callbacks.append(long_collection)  # after the store's own callback: it sees the start first
+            try:
+                gc.collect()
+            finally:
+                gc.callbacks.remove(long_collection)
+
+        monkeypatch.setattr(seg_reads, "preadv_all", read_stopped_by_the_collection)
+        for hung in (False, True):
+            entered.clear()
+            collected.clear()
+            hang[0] = hung
+            collector = threading.Thread(target=collect_mid_read)
+            collector.start()
+            out = [np.empty_like(p) for p in ps]
+            t0 = time.monotonic()
+            got = st.get_into(NS, ks, out)
+            took = time.monotonic() - t0
+            collector.join(10)
+            c = st.stats()
+            if not hung:
+                assert got == [True] * 8 and all((o == p).all() for o, p in zip(out, ps))
+                assert c["counters"].get("read_deadline_misses", 0) == 0
+                assert not c["tiers"][0]["reads_cooling_down"]
+                assert took >= 1.0  # it waited the collection out
+            else:
+                assert got == [False] * 8
+                assert c["counters"]["read_deadline_misses"] == 8
+                assert took < 1.0 + 0.3 + store_calls.DEADLINE_GRACE_S + 0.5
 
 
 def test_page_blocks_store_the_same_records_as_a_list_of_arrays(tmp_path):
