@@ -51,10 +51,10 @@ class IoCalls:
         self.write_cooldowns = write_cooldowns
         self.counters = counters
         self.deadline_s = deadline_s
-        self.pool = IoWorkers(io_workers, max_workers=io_workers * IO_THREADS_PER_WORKER,
-                              counters=counters, stuck_s=deadline_s, policy=policy)
-        self.arena = TaskArena()  # per io task: sealed records being written, records read privately
         self.gc_pauses = GcPauses().start()  # a call's deadline does not run on through a GC pause
+        self.pool = IoWorkers(io_workers, max_workers=io_workers * IO_THREADS_PER_WORKER, counters=counters,
+                              stuck_s=deadline_s, policy=policy, clock=self.gc_pauses.clock)
+        self.arena = TaskArena()  # per io task: sealed records being written, records read privately
         self.closed = False
         self._probes: dict[int, int | None] = {}  # held tier level -> a key to probe it with
         self._prober: threading.Thread | None = None
@@ -75,8 +75,7 @@ class IoCalls:
             return []
         if self.closed:
             return [fn(i) for i in items]
-        futs, late = self.pool.run_until(fn, items, t_end, gate, min(DEADLINE_GRACE_S, self.deadline_s),
-                                         clock=self.gc_pauses.clock)
+        futs, late = self.pool.run_until(fn, items, t_end, gate, min(DEADLINE_GRACE_S, self.deadline_s))
         out: list[Any] = []
         for f in futs:
             if not f.done() or f.cancelled():

@@ -141,8 +141,10 @@ class IoWorkers:
     """Elastic, bounded set of io threads (see the module docstring)."""
 
     def __init__(self, workers: int, *, max_workers: int, counters: Counters, stuck_s: float = 2.0,
-                 name: str = "lifeboat-io", policy: str = "normal") -> None:
+                 name: str = "lifeboat-io", policy: str = "normal",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.workers = max(1, workers)
+        self.clock = clock  # deadlines and stuck threads: may stand still while the process does (gc_pauses.py)
         self.policy = policy  # each thread's scheduling policy (cpu_policy.py)
         self.stuck_s = stuck_s
         self._started: dict[int, float] = {}  # thread ident -> when its current task started
@@ -168,7 +170,7 @@ class IoWorkers:
 
     def stuck(self) -> int:
         """Threads in one task for longer than stuck_s (a hung tier holds them)."""
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             return sum(1 for t in self._started.values() if now - t > self.stuck_s)
 
@@ -178,7 +180,7 @@ class IoWorkers:
         fut: Future = Future()
         self._q.put((fut, fn, args))
         with self._lock:
-            now = time.monotonic()
+            now = self.clock()
             stuck = sum(1 for t in self._started.values() if now - t > self.stuck_s)
             # one more thread while the queued tasks outnumber the idle threads (an idle thread that has
             # not taken its task yet still counts as idle: a burst submitted to one idle thread would
@@ -224,7 +226,7 @@ class IoWorkers:
                 continue
             me = threading.get_ident()
             with self._lock:
-                self._started[me] = time.monotonic()
+                self._started[me] = self.clock()
             try:
                 fut.set_result(fn(*args))
             except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
@@ -234,16 +236,16 @@ class IoWorkers:
                     self._started.pop(me, None)
 
     def run_until(self, fn: Callable[[int], Any], items: Sequence[int], t_end: float, gate: Gate,
-                  grace_s: float, clock: Callable[[], float] = time.monotonic) -> tuple[list[Future], list[int]]:
+                  grace_s: float) -> tuple[list[Future], list[int]]:
         """Run fn(i) for every item; return at t_end at the latest (plus up to grace_s for pages
         already inside the gate). Returns (futures, positions not done when the call returned).
-        t_end is on `clock`, which may stand still while the whole process does (store/gc_pauses.py)."""
+        t_end is on `self.clock`, which may stand still while the whole process does."""
         futs = [self.submit(fn, i) for i in items]
         while True:
-            _, not_done = wait_futures(futs, timeout=max(0.0, t_end - clock()))
+            _, not_done = wait_futures(futs, timeout=max(0.0, t_end - self.clock()))
             if not not_done:
                 return futs, []
-            if t_end - clock() <= 0.001:
+            if t_end - self.clock() <= 0.001:
                 break  # else the process stood still meanwhile: the deadline moved on, wait out the rest
         for f in not_done:
             f.cancel()  # not started yet: never runs
