@@ -14,8 +14,9 @@
 * The session's long-lived heap (torch, SGLang, MLX and pytest's own objects) is frozen out of Python's
   cyclic GC before each test module, as SGLang's servers do after warm-up (`freeze_gc`): unfrozen, one
   full collection of this process's ~800k objects stopped every thread for 0.6-1.5 s on the 2-vCPU
-  VM, long enough to push a store read past its 2 s deadline (a CI run failed so). Store code never
-  relies on the GC: what it frees, it frees by reference count.
+  VM, in the middle of tests that time what they measure (a read of a held filer "within 1.5 s").
+  The store's own deadlines stand still during a collection (store/gc_pauses.py, tested in
+  tests/unit/store/test_runs.py).
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ class GcPauses:
         self._began: float | None = None
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        # Python calls this with the GIL held, from the thread whose allocation triggered the collection:
-        # no other thread runs between "start" and "stop", so plain fields need no lock
+        # called from the collecting thread; collections never overlap, so one writer at a time. A reader
+        # between the two stores below sees the clock a pause behind for a moment: a longer wait, no miss
         if phase == "start":
             self._began = time.monotonic()
         elif self._began is not None:
