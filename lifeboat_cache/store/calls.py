@@ -19,7 +19,7 @@ import numpy as np
 from ..cooldown import Cooldown
 from ..metrics import Counters
 from ..tiers import Probing, Tier
-from .gc_pauses import GcPauses
+from .gc_pauses import process_pauses
 from .io_workers import Gate, IoWorkers, TaskArena
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class IoCalls:
         self.write_cooldowns = write_cooldowns
         self.counters = counters
         self.deadline_s = deadline_s
-        self.gc_pauses = GcPauses().start()  # a call's deadline does not run on through a GC pause
+        self.gc_pauses = process_pauses()  # a call's deadline does not run on through a GC pause
         self.pool = IoWorkers(io_workers, max_workers=io_workers * IO_THREADS_PER_WORKER, counters=counters,
                               stuck_s=deadline_s, policy=policy, clock=self.gc_pauses.clock)
         self.arena = TaskArena()  # per io task: sealed records being written, records read privately
@@ -162,5 +162,4 @@ class IoCalls:
     def close(self) -> None:
         """No new probes; the io threads stop (those not stuck are joined, up to the deadline + grace)."""
         self.closed = True
-        self.gc_pauses.close()
         self.pool.shutdown(wait=True, timeout=self.deadline_s + DEADLINE_GRACE_S)

@@ -272,7 +272,7 @@ class ChunkStore:
             "compression_ratio": (raw / stored) if stored else None,
             "copy_queue_bytes": self.copier.pending_bytes if self.copier is not None else 0,
             "io_threads": self.io.pool.threads, "io_threads_stuck": self.io.pool.stuck(),
-            "gc_paused_s": round(self.io.gc_pauses.total, 3),  # not counted against call deadlines
+            "gc_paused_s": round(self.io.gc_pauses.total, 3),  # this process's, not counted against deadlines
             "tiers": [dict(t.stats(), reads_cooling_down=r.active(), writes_cooling_down=w.active())
                       for t, r, w in zip(self.tiers, self.read_cooldowns, self.write_cooldowns)],
         }

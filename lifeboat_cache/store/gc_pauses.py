@@ -8,18 +8,22 @@ tier came back as misses and the tier was held as if it had hung (scratch probe:
 reads of 512 pages each with a 0.6-1.4 s collection started in another thread mid-read; two runs
 missed 384 and 1,024 of 2,048 pages before, none since). A call's deadline is set and waited for on
 `GcPauses.clock`, which stands still during collections.
+
+Collections belong to the process, not to a store: every store of a process shares one `GcPauses`
+(`process_pauses`), so there is one collector callback however many stores are open (or were left
+unclosed), each a Python call at every collection's start and stop.
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from typing import Any
 
 
 class GcPauses:
-    """Seconds spent in collections since `start` (`total`) and a clock without them; one collector
-    callback per instance."""
+    """Seconds spent in collections since `start` (`total`) and a clock without them."""
 
     def __init__(self) -> None:
         self.total = 0.0
@@ -53,4 +57,17 @@ class GcPauses:
             pass
 
 
-__all__ = ["GcPauses"]
+_process: GcPauses | None = None
+_process_lock = threading.Lock()
+
+
+def process_pauses() -> GcPauses:
+    """This process's GcPauses, started on first use and kept for the process's life."""
+    global _process
+    with _process_lock:
+        if _process is None:
+            _process = GcPauses().start()
+        return _process
+
+
+__all__ = ["GcPauses", "process_pauses"]
