@@ -50,12 +50,6 @@ class GcPauses:
             gc.callbacks.append(self._callback)
         return self
 
-    def close(self) -> None:
-        try:
-            gc.callbacks.remove(self._callback)
-        except ValueError:
-            pass
-
 
 _process: GcPauses | None = None
 _process_lock = threading.Lock()
