@@ -138,29 +138,18 @@ class Seals:
             if not entries:
                 os.unlink(unit.path)
             else:
-                if os.fstat(w.fd).st_size > end:  # a failed write's partial bytes (same size: keep the reserved blocks)
-                    os.ftruncate(w.fd, end)
-                size = self._write_trailer(w.fd, end, entries)
-                if self.fsync:
-                    os.fdatasync(w.fd)
+                size = self._commit(w.fd, end, entries)
             ok = True
         except OSError as e:
-            err, size = e, None
-            if entries:
-                try:
-                    os.ftruncate(w.fd, end)  # drop a partial trailer; the records stay
-                    size = end
-                except OSError:
-                    pass
+            err = e
+            size = end if entries and self._cut_back(w.fd, end) else None
         finally:
             with self._lock:
                 try:
                     if ok and not entries:
                         self.table.drop(unit)
                     elif ok:
-                        unit.size = unit.scanned = unit.walked = size  # type: ignore[assignment]
-                        self.counters.add("sealed_segments")
-                        self._changed(True)
+                        self._mark_sealed(unit, size)  # type: ignore[arg-type]
                     else:
                         self.counters.add("seal_failures")
                         self._log_once(f"seal:{getattr(err, 'errno', None)}", "lifeboat: sealing %s failed (%s); its "
@@ -175,6 +164,31 @@ class Seals:
                     unit.own = False
                     fd, w.fd = w.fd, -1
             os.close(fd)  # outside the lock: an NFSv4 close is a round trip
+
+    def _commit(self, fd: int, end: int, entries: Sequence[Entry]) -> int:
+        """Write the trailer after the records ending at `end` (bytes past them cut first: a failed
+        write's partial bytes), fdatasync'ed where seals are; returns the sealed size. Raises OSError."""
+        if os.fstat(fd).st_size > end:  # same size: keep the reserved blocks
+            os.ftruncate(fd, end)
+        size = self._write_trailer(fd, end, entries)
+        if self.fsync:
+            os.fdatasync(fd)
+        return size
+
+    @staticmethod
+    def _cut_back(fd: int, end: int) -> bool:
+        """After a failed commit: drop a partial trailer (the records stay); whether that worked."""
+        try:
+            os.ftruncate(fd, end)
+            return True
+        except OSError:
+            return False
+
+    def _mark_sealed(self, unit: Unit, size: int) -> None:
+        """A committed seal (called under the lock): the unit's sealed size, counted, told to this host."""
+        unit.size = unit.scanned = unit.walked = size
+        self.counters.add("sealed_segments")
+        self._changed(True)
 
     @property
     def has_unsealed(self) -> bool:
@@ -196,25 +210,16 @@ class Seals:
                 continue  # evicted or replaced meanwhile
             size: int | None = None
             try:
-                os.ftruncate(fd, end)
-                size = self._write_trailer(fd, end, entries)
-                if self.fsync:
-                    os.fdatasync(fd)
+                size = self._commit(fd, end, entries)
             except OSError:
-                size = None
-                try:
-                    os.ftruncate(fd, end)
-                except OSError:
-                    pass
+                self._cut_back(fd, end)
                 failed.append((unit, entries, end))
             finally:
                 os.close(fd)
             if size is not None:
                 with self._lock:
                     if not unit.dropped:
-                        unit.size = unit.scanned = unit.walked = size
-                        self.counters.add("sealed_segments")
-                        self._changed(True)
+                        self._mark_sealed(unit, size)
         if failed:
             with self._lock:
                 self._unsealed.extend(failed)
