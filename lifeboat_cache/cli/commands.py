@@ -45,7 +45,8 @@ def collect_stats(store: ChunkStore) -> dict[str, Any]:
             "stored_bytes": stored,
             "raw_bytes": raw,
             "compression_ratio": round(raw / stored, 3) if stored else None,
-            "usage_bytes": tier.usage_bytes(),
+            "usage_bytes": tier.usage_bytes(),  # what the capacity counts: the pages' bytes
+            "disk_bytes": sum(int(s["bytes"]) for s in segs),  # with the records' headers and trailers
             "capacity_bytes": cap,
             "capacity_used": round(tier.usage_bytes() / cap, 4) if cap else None,
             **{k: int(st[k]) for k in REBUILD_FIELDS if k in st},
@@ -88,6 +89,7 @@ def print_stats(stats: dict[str, Any]) -> None:
         ratio = f"{t['compression_ratio']:.3f}x" if t["compression_ratio"] else "n/a"
         cap = (f"{format_size(t['usage_bytes'], 1)} of {format_size(t['capacity_bytes'], 1)} "
                f"({100 * t['capacity_used']:.1f}%)") if t["capacity_bytes"] else format_size(t["usage_bytes"], 1)
+        cap += f" of pages, {format_size(t['disk_bytes'], 1)} on disk"
         state = "yes" if t["reachable"] else f"NO: {t['last_error']}"
         print(f"tier {t['tier']}\n  reachable: {state}\n  pages: {t['pages']}\n  segments: {t['segments']}\n"
               f"  stored: {format_size(t['stored_bytes'], 1)} (raw {format_size(t['raw_bytes'], 1)}, ratio {ratio})\n"

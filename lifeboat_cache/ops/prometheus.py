@@ -49,7 +49,7 @@ _GAUGES = (
     ("lifeboat_compression_ratio", "Raw / stored bytes of the pages this process wrote", ()),
     ("lifeboat_index_pages", "Records in the tier's in-memory index", ("tier",)),
     ("lifeboat_index_rebuild_seconds", "Duration of the tier's last index rebuild at open", ("tier",)),
-    ("lifeboat_tier_usage_bytes", "Bytes the tier uses", ("tier",)),
+    ("lifeboat_tier_usage_bytes", "Bytes of pages the tier holds: what its capacity counts", ("tier",)),
     ("lifeboat_tier_capacity_bytes", "The tier's capacity bound", ("tier",)),
     ("lifeboat_tier_capacity_used_ratio", "Usage / capacity of the tier", ("tier",)),
     ("lifeboat_tier_cooldown", "1 while the tier is skipped after failures", ("tier", "op")),

@@ -25,15 +25,15 @@ from .purge_list import PURGE_NAME, PurgeRules, append_rules, load_rules
 from .seal_mark import MARK_PREFIX, MAX_MARK_BYTES, is_mark_name, mark_bytes, mark_name, mark_verifies
 from .sealing import OPENABLE_REASONS, UNKNOWN_KEY, UNSEALED, Sealer, sealer_for
 from .trailer import (
-    FOOTER, FOOTER_MAGIC, FOOTER_SIZE, TABLE_ENTRY, TABLE_MAGIC, Entry, build_trailer, parse_footer, parse_trailer,
-    process_token, trailer_size, writer_tag)
+    FOOTER, FOOTER_MAGIC, FOOTER_SIZE, TABLE_ENTRY, TABLE_MAGIC, Entry, build_trailer, framing, parse_footer,
+    parse_trailer, process_token, trailer_size, writer_tag)
 
 __all__ = [
     "DIGEST_CACHE_ENTRIES", "DTYPE_CODES", "DTYPE_ITEMSIZE", "DTYPE_NAMES", "DigestCache", "Entry", "FINGERPRINT_BYTES",
     "FOOTER", "FOOTER_MAGIC", "FOOTER_SIZE", "HEADER_SIZE", "Header", "MAGIC", "MARK_PREFIX", "MAX_MARK_BYTES",
     "NONCE_BYTES", "NS_AT", "OPENABLE_REASONS", "PLANES", "PURGE_NAME", "PurgeRules", "RAW", "Record", "RecordError",
     "SEAL_OVERHEAD", "Sealer", "TABLE_ENTRY", "TABLE_MAGIC", "TAG_BYTES", "UNKNOWN_KEY", "UNSEALED", "append_rules",
-    "as_bytes_view", "build_record", "build_trailer", "decode_into", "digests", "dtype_code", "index_key",
+    "as_bytes_view", "build_record", "build_trailer", "decode_into", "digests", "dtype_code", "framing", "index_key",
     "is_mark_name", "key_digest", "key_id_text", "load_rules", "mark_bytes", "mark_name", "mark_verifies",
     "Namespace", "namespace_fingerprint", "parse_footer", "parse_trailer", "process_token", "raw_length", "sealer_for",
     "trailer_size", "unpack_header", "verify_record", "write_key_file", "writer_tag"

@@ -17,6 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .codec import HEADER_SIZE
+
 TABLE_MAGIC = b"LBTB"
 FOOTER_MAGIC = b"LBTR"
 FOOTER = struct.Struct("<4sIQI")  # magic, count, table offset, table crc; then footer crc (u32)
@@ -30,6 +32,12 @@ Entry = tuple[bytes, int, int, int]  # (digest, offset, length, raw length) of o
 def trailer_size(count: int) -> int:
     """Bytes of the trailer (table + footer) of a unit holding `count` records."""
     return 4 + count * TABLE_ENTRY.itemsize + FOOTER_SIZE
+
+
+def framing(count: int, *, sealed: bool = True) -> int:
+    """Bytes of a unit holding `count` records that are not pages: their headers, and the trailer once
+    sealed. `capacity:` counts the rest, the pages' bytes, as SGLang's `file` counts its `max_size`."""
+    return count * HEADER_SIZE + (trailer_size(count) if sealed else 0)
 
 
 def build_trailer(at: int, entries: Sequence[Entry]) -> bytes:

@@ -73,3 +73,23 @@ def test_s3_reinserts_read_records_of_a_mostly_unread_object(s3_endpoint: str) -
         t = st.stats()["tiers"][0]
     assert served == [HOT] * 10, served
     assert t["retention_reinserted_records"] >= HOT and t["retention_rewritten_bytes"] > 0, t
+
+
+def test_s3_capacity_counts_pages_not_their_framing(s3_endpoint: str) -> None:
+    """A capacity of exactly 48 pages holds 48 pages, as on a local tier: the records' headers and each
+    object's trailer (records.framing, from the record count in the object's name) are not counted."""
+    bucket = new_bucket(s3_endpoint)
+    entry = s3_entry(s3_endpoint, bucket, capacity=f"{48 * PAGE}B", compression="none", refresh_interval_s=60)
+    s = settings_from_dict({"storage": [entry], "engine": {"io_workers": 4}})
+    with ChunkStore.open(s, background=False) as st:
+        for b in range(4):
+            st.put(NS, [f"p{b}-{i}" for i in range(12)], pages(12, seed=200 + b, size=PAGE))
+        st.tiers[0].gc()
+        t = st.stats()["tiers"][0]
+        assert t["evicted_objects"] == 0, t
+        assert st.tiers[0].usage_bytes() == 48 * PAGE
+        assert all(st.contains(NS, [f"p{b}-{i}" for b in range(4) for i in range(12)]))
+        st.put(NS, ["one-more"], pages(1, seed=300, size=PAGE))
+        st.tiers[0].gc()
+        assert st.stats()["tiers"][0]["evicted_objects"] >= 1
+        assert st.tiers[0].usage_bytes() <= 48 * PAGE

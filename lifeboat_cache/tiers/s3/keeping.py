@@ -84,7 +84,7 @@ class S3Keeping:
         t = self.tier
         freed, kept = 0, 0
         doomed: list[tuple[S3Object, int]] = []
-        while t.objects.usage - sum(o.size for o, _ in doomed) > cap:
+        while t.objects.usage - sum(o.counted for o, _ in doomed) > cap:
             gone = {o.id for o, _ in doomed}
             objs = [o for o in t.objects.oldest_first() if o.id not in gone]
             if not objs:

@@ -22,10 +22,11 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 from ...index import Index
+from ...records import framing
 
 OBJECT_SUFFIX = ".lbo"
 NAME_RE = re.compile(r"^(\d{13})-([^-/]+)-(\d{1,10})-([0-9a-f]{6})(\d{6,})-([1-9]\d{0,6})\.lbo$")
@@ -52,6 +53,11 @@ class S3Object:
     records: int = 0
     stored_bytes: int = 0
     raw_bytes: int = 0
+    counted: int = field(init=False)  # what the capacity counts: size less the framing its name's count gives
+
+    def __post_init__(self) -> None:
+        parsed = parse_name(self.name)
+        self.counted = self.size - (framing(parsed[1]) if parsed else 0)
 
 
 class ObjectTable:
@@ -102,7 +108,7 @@ class ObjectTable:
             self._next_id += 1
             self._objs[obj.id] = obj
             self._by_name[name] = obj.id
-            self._usage += size
+            self._usage += obj.counted
             return obj
 
     def drop(self, obj: S3Object) -> None:
@@ -111,7 +117,7 @@ class ObjectTable:
             if self._objs.pop(obj.id, None) is None:
                 return
             self._by_name.pop(obj.name, None)
-            self._usage -= obj.size
+            self._usage -= obj.counted
         self.index.drop_unit(obj.id)
 
     def get(self, uid: int) -> S3Object | None:
@@ -138,21 +144,9 @@ class ObjectTable:
 
     @property
     def usage(self) -> int:
-        """Bytes of every object in the table."""
+        """What the capacity counts of every object in the table (S3Object.counted)."""
         with self._lock:
             return self._usage
-
-    def over_capacity(self, capacity: int) -> list[S3Object]:
-        """The oldest objects whose removal brings usage down to `capacity` (none if it is not over)."""
-        with self._lock:
-            excess = self._usage - capacity
-            victims: list[S3Object] = []
-            for o in sorted(self._objs.values(), key=lambda o: o.name):
-                if excess <= 0:
-                    break
-                victims.append(o)
-                excess -= o.size
-            return victims
 
     def new_generation(self) -> int:
         """Start a full listing: objects registered from now on are never taken for evicted by it."""

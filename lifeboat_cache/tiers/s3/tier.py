@@ -19,7 +19,8 @@ and `lifeboat purge` runs in purge.py over the table and the client.
 * Reads are ranged GETs of one record; the store verifies it. Writes are one PUT per batch, then
   the index (write, then index). The store writes its own batches as one object when this is the
   first tier (`batch_writes`).
-* Capacity: bytes of every object listed or written; over capacity, the object at the head of the
+* Capacity: the pages' bytes of every object listed or written (its size less the records' headers and
+  the trailer, from the record count in its name); over capacity, the object at the head of the
   retention queue is deleted, kept, or its read records copied to a new object first (keeping.py;
   DeleteObjects, up to 1000 per request, or one DeleteObject each where refused), by the background
   thread. No capacity = no eviction (use a bucket lifecycle rule).

@@ -33,7 +33,8 @@ index thread, and never parses a record or touches a unit's fields itself.
 
 Invariants: write, then index; unit ids only grow; a scan never overwrites a newer index entry;
 eviction unlinks whole sealed segments, a reinserted record written and indexed first; no file with
-intact records after a damaged one is ever truncated; bytes on disk (open segments included) stay within the capacity plus a small slack.
+intact records after a damaged one is ever truncated; the pages' bytes on disk (open segments included;
+their headers and trailers, records.framing, on top) stay within the capacity plus a small slack.
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ class Evictor:
         self._running = threading.Lock()
 
     def evict(self, limit: int) -> int:
-        """Free units until the bytes on disk (open segments with their trailers) fit `limit`. Seals idle
-        open segments early when only they are left. Returns bytes freed."""
+        """Free units until the pages' bytes (writers.projected_bytes: open segments included) fit `limit`.
+        Seals idle open segments early when only they are left. Returns bytes freed."""
         with self._running:
             return self._evict(limit)
 

@@ -21,7 +21,7 @@ from ...cooldown import LogOnce
 from ...fsio import make_dirs, open_file
 from ...index import Index, Loc
 from ...metrics import Counters
-from ...records import Record, trailer_size
+from ...records import Record, framing
 from ...retention import HEAD, AccessTable, RewriteBudget
 from ..base import Rank
 from . import compaction, inspection
@@ -271,8 +271,8 @@ class SegmentDir:
             self.access.place(name, unit_ms(name))
 
     def _run_bytes(self, records: Sequence[Record]) -> int:
-        """Bytes a run adds on disk: its records, their trailer entries, and a fresh segment's trailer head."""
-        return sum(r[3] for r in records) + trailer_size(len(records))
+        """What a run adds to the capacity's count: its records less their headers (records.framing)."""
+        return sum(r[3] for r in records) - framing(len(records), sealed=False)
 
     def seal(self) -> None:
         """Seal the open segments now (flush / close / shared-FS visibility)."""
@@ -310,8 +310,9 @@ class SegmentDir:
 
     # ------------------------------------------------------------------ capacity
     def usage_bytes(self) -> int:
+        """What the capacity counts: the pages' bytes on disk (each segment less its framing)."""
         with self.table.lock:
-            return sum(u.size for u in self.table.live())
+            return sum(u.size - u.framing for u in self.table.live())
 
     def units(self, *, own: bool = True) -> list[tuple[str, int, bool]]:
         """(name, bytes, sealed) of each segment, by name; own=False leaves out this process's open ones."""
@@ -325,8 +326,8 @@ class SegmentDir:
             self.evictor.evict(self.capacity_bytes)
 
     def gc(self, target_bytes: int | None = None) -> int:
-        """Free sealed segments, as retention decides (capacity.py), until the bytes on disk (open
-        segments with their trailers) fit. Seals idle open segments early when only they are left. Returns
+        """Free sealed segments, as retention decides (capacity.py), until the pages' bytes on disk (open
+        segments included) fit. Seals idle open segments early when only they are left. Returns
         bytes freed (0 when open read-only). Called by `lifeboat gc` (after reading every process's
         retention state); serving processes run the same after writes and refreshes."""
         if self.read_only:

@@ -21,7 +21,7 @@ import numpy as np
 from ...fsio import ForeignFile, open_file
 from ...index import Index
 from ...metrics import Counters
-from ...records import index_key
+from ...records import framing, index_key
 from .eviction import SharingPolicy
 from .format import SEGMENT_SUFFIX, parse_name, process_alive, read_table
 from ..base import Rank, settle_twins
@@ -239,6 +239,7 @@ class Scanner:
     def _index_table(self, unit: Unit, table: np.ndarray, size: int) -> None:
         self.counters.add("scan_records", self.index_entries(unit, table["key"], table["offset"], table["length"]))
         unit.scanned = unit.size = unit.walked = size
+        unit.framing = framing(len(table))
         unit.sealed = True
         unit.damaged = []
 
@@ -279,7 +280,8 @@ class Scanner:
             if table is not None:
                 self._index_table(unit, table, size)
                 return
-            w = walk(fd, unit.scanned, size)
+            start = unit.scanned
+            w = walk(fd, start, size)
             self._index_walk(unit, w)
             # damage may be a write in flight: walk it again while young, then walk past it
             now = time.monotonic()
@@ -288,6 +290,9 @@ class Scanner:
                 young |= now - unit.damage_seen.setdefault(off, now) < DAMAGE_HEAL_S
             # young damage: rewalk on the next scan even if the size stays (the hole may be filled in place)
             unit.scanned, unit.walked = (w.resume_at if young else w.end), (-1 if young else size)
+            # the headers walked up to where the next walk starts (records past it are walked again)
+            walked = sum(1 for e in w.entries if e[1] < unit.scanned)
+            unit.framing = (unit.framing if start else 0) + framing(walked, sealed=False)
         except OSError as e:
             self.owner.log_once(f"scan:{unit.name}", "lifeboat: scan of %s failed: %s", unit.path, e)
         finally:
@@ -332,6 +337,7 @@ class Scanner:
                 os.ftruncate(fd, w.end)
             end = self.sharing.write_trailer(fd, w.end, w.entries)
             unit.size = unit.scanned = unit.walked = end
+            unit.framing = framing(len(w.entries))
             unit.sealed = True
             log.info("lifeboat: sealed orphan segment %s of dead writer pid %d (%d records, %d damaged "
                      "regions skipped)", unit.name, parse_name(unit.name)[1], len(w.entries),  # type: ignore[index]

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from ...fsio import open_file
 from ...metrics import Counters
-from ...records import Entry
+from ...records import Entry, framing
 from .units import Unit, UnitTable
 
 log = logging.getLogger(__name__)
@@ -149,13 +149,14 @@ class Seals:
                     if ok and not entries:
                         self.table.drop(unit)
                     elif ok:
-                        self._mark_sealed(unit, size)  # type: ignore[arg-type]
+                        self._mark_sealed(unit, size, len(entries))  # type: ignore[arg-type]
                     else:
                         self.counters.add("seal_failures")
                         self._log_once(f"seal:{getattr(err, 'errno', None)}", "lifeboat: sealing %s failed (%s); its "
                                        "records stay indexed, the seal is retried (and the next open walks it)",
                                        unit.path, err)
                         unit.size = w.reserved if size is None else size
+                        unit.framing = framing(w.count if size is None else len(entries), sealed=False)
                         unit.scanned, unit.walked = 0, -1
                         if entries:
                             self._unsealed.append((unit, entries, end))
@@ -184,9 +185,10 @@ class Seals:
         except OSError:
             return False
 
-    def _mark_sealed(self, unit: Unit, size: int) -> None:
+    def _mark_sealed(self, unit: Unit, size: int, records: int) -> None:
         """A committed seal (called under the lock): the unit's sealed size, counted, told to this host."""
         unit.size = unit.scanned = unit.walked = size
+        unit.framing = framing(records)
         self.counters.add("sealed_segments")
         self._changed(True)
 
@@ -219,7 +221,7 @@ class Seals:
             if size is not None:
                 with self._lock:
                     if not unit.dropped:
-                        self._mark_sealed(unit, size)
+                        self._mark_sealed(unit, size, len(entries))
         if failed:
             with self._lock:
                 self._unsealed.extend(failed)

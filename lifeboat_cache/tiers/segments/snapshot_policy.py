@@ -23,6 +23,7 @@ import numpy as np
 
 from ...index import DEAD, SHARDS, Index
 from ...metrics import Counters
+from ...records import framing
 from . import snapshot_file as snap
 from .format import read_table
 from .quarantine import Quarantine
@@ -238,6 +239,8 @@ class Snapshots:
             finally:
                 self.table.release(unit)
             n = int(counts[i])
+            if table is not None:
+                unit.framing = framing(len(table))
             if table is None or n > len(table):
                 bad.append(unit)
             elif n == len(table):

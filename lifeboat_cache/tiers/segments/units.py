@@ -35,6 +35,7 @@ class Unit:
     scanned: int = 0  # bytes from the start known to hold only complete, indexed records
     walked: int = -1  # file size at the last walk (a dead writer's file is not walked again)
     size: int = 0  # bytes on disk (own open segment: bytes reserved)
+    framing: int = 0  # of those, the record headers and the trailer: what `capacity:` does not count
     sealed: bool = False
     fd: int | None = None
     fd_epoch: int = 0  # bumped when the cached fd must be opened afresh (close-to-open, close_cached_fd)

@@ -27,7 +27,7 @@ import numpy as np
 from ...fsio import PartialWrite, WriteCallBound, open_file, pwritev_all, reserve_space
 from ...index import Index, Loc
 from ...metrics import Counters
-from ...records import Entry, Record, raw_length, trailer_size
+from ...records import Entry, Record, framing, raw_length, trailer_size
 from .format import unit_ms
 from .seals import Seals, Writer
 from .units import UnitTable
@@ -81,13 +81,12 @@ class Writers:
             return {w.unit.name for w in self._writers if w is not None}
 
     def projected_bytes(self) -> int:
-        """Bytes on disk once every open segment is sealed: what the capacity must hold. An open segment
-        counts what its writes reserved plus its trailer; each run makes room for itself before it is
-        written (directory.append_many), so the bound holds without counting open segments full."""
+        """The pages' bytes on disk once every open segment is sealed: what the capacity must hold (each
+        unit's size less its framing, records.framing). An open segment counts what its writes reserved;
+        each run makes room for itself before it is written (directory.append_many), so the bound holds
+        without counting open segments full. A run's promise counts its pages until they are reserved."""
         with self._lock:
-            own = {w.unit.id: w.reserved + trailer_size(w.count) for w in self._writers[:self._keeper]
-                   if w is not None}  # the keeper lane counts what it holds: it fills only inside an eviction
-            return sum(own.get(u.id, u.size) for u in self.table.live()) + self._promised
+            return sum(u.size - u.framing for u in self.table.live()) + self._promised
 
     def promise(self, nbytes: int) -> Promise:
         """Count `nbytes` a run is about to write in `projected_bytes` until it reserves them."""
@@ -164,7 +163,7 @@ class Writers:
         """Reserve room in w for the records from `first` on that fit (at least one), under the lock:
         (whether w was empty, the offset, the end of the run, the trailer's size after it)."""
         rolled = w.reserved == 0
-        before = 0 if rolled else w.reserved + trailer_size(w.count)
+        before = w.unit.size - w.unit.framing  # what projected_bytes counts of it
         off = w.reserved
         end, total = first, 0
         while end < len(records) and (end == first or off + total + records[end][3] <= self.segment_bytes):
@@ -173,10 +172,10 @@ class Writers:
         w.reserved += total
         w.count += end - first
         trailer = trailer_size(w.count)  # room for a trailer listing every record so far
-        w.unit.size = w.reserved
+        w.unit.size, w.unit.framing = w.reserved, framing(w.count, sealed=False)
         w.inflight += 1
         if promise is not None:  # now counted as reserved: no longer as promised
-            taken = min(promise.left, w.reserved + trailer - before)
+            taken = min(promise.left, w.unit.size - w.unit.framing - before)
             promise.left -= taken
             self._promised -= taken
         return rolled, off, end, trailer

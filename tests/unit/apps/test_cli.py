@@ -12,6 +12,7 @@ import pytest
 from lifeboat_cache import ChunkStore, namespace_fingerprint
 from lifeboat_cache.cli import main
 from lifeboat_cache.config import load_settings
+from lifeboat_cache.records import HEADER_SIZE
 
 NS = namespace_fingerprint(model="cli")
 
@@ -36,6 +37,10 @@ def test_stats_reports_pages_ratio_and_capacity(tmp_path, capsys):
     assert t["pages"] == 20 and t["segments"] >= 1
     assert t["raw_bytes"] == 20 * 8192 and t["compression_ratio"] > 1.0
     assert 0 < t["capacity_used"] < 1
+    # the capacity counts the pages as stored (records less their headers); on disk, trailers too
+    assert t["usage_bytes"] == t["stored_bytes"] - 20 * HEADER_SIZE
+    assert t["disk_bytes"] == sum(p.stat().st_size for p in (tmp_path / "store").glob("*.seg"))
+    assert t["disk_bytes"] > t["stored_bytes"]
 
 
 def test_verify_quarantines_and_exits_nonzero(tmp_path, capsys):
