@@ -1,9 +1,9 @@
 """Which sections there are and how big each runs: the full preset (fits ~15 minutes on a 2-core
 machine; the server section adds ~7 minutes, the serving section far more: eight SGLang starts and
 bench_serving runs per concurrency, ~30 minutes for one concurrency at the sizes of docs/perf/serving.md
-on a loaded 2-core VM), the quick preset (CI: the whole harness end to end; all sections but `server` and
-`serving` in well under 2 minutes, `server` starts four SGLang CPU servers, 30-50 s each on a loaded
-2-core VM, `serving` four more plus two short bench_serving runs each), and `--size key=value` overrides."""
+on a loaded 2-core VM), the quick preset (the harness end to end: CI runs every section but `server`, which
+`scripts/stress.sh` runs, and `serving`, its own test; `server` starts four SGLang CPU servers, 45-55 s
+each on a 2-core VM, `serving` five more plus two short bench_serving runs each), and `--size key=value` overrides."""
 
 from __future__ import annotations
 

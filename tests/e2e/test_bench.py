@@ -1,7 +1,8 @@
 """`lifeboat bench --quick` end to end (what CI runs), plus the harness's own building blocks.
 
-The quick run drives every section for real (SGLang's factory and controller, MLX, a moto S3 server,
-real files, real SGLang CPU servers restarted on each store): it asserts that each section ran and reported, that cold reads were really cold, and
+The quick run drives every section for real (SGLang's factory and controller, MLX, moto's and Ceph's S3
+servers, real files; the two sections that start SGLang CPU servers run in their own tests, see
+RUN_ELSEWHERE): it asserts that each section ran and reported, that cold reads were really cold, and
 that the plots exist. It never asserts a speed: speed targets live in the benchmark's ratios.
 """
 
@@ -24,7 +25,10 @@ from lifeboat_cache.testing import missing_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNED_ELSEWHERE = {"index_scale"}  # lazy adapters: "not available" until their module lands
-RUN_ELSEWHERE = {"serving"}  # its quick run is tests/e2e/test_serving_bench.py (four more SGLang starts)
+# serving: its quick run is tests/e2e/test_serving_bench.py (five more SGLang starts); server: its four
+# SGLang starts (4.5 min on a 2-core VM) run under `stress` (test_bench_server_section), as the same restart
+# through a real server is CI's in tests/e2e/test_sglang_server.py
+RUN_ELSEWHERE = {"serving", "server"}
 
 
 def test_sizes_overrides_and_bad_input() -> None:
@@ -116,12 +120,23 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
         assert ceph["misses"] == 0 and ceph["promotions"] > 0 and ceph["start_s"] > 0, ceph
     m = res["sections"]["mlx"]["prompts"][0]
     assert m["tokens_identical"] and m["restored_cached_tokens"] == m["restorable_tokens"]
-    sv = res["sections"]["server"]
-    for p in sv["prompts"]:  # a fresh server after SIGTERM gets every whole page of the prompt from storage
-        assert p["lifeboat_storage_tokens"] == p["restorable_tokens"] > 0 and p["lifeboat_tokens_identical"], p
-    assert sv["resident_pages_before_restore"] == {"lifeboat": 0, "file": 0}  # restores read the disk
-    assert sv["start"]["index_rebuild"]["pages"] >= sv["start"]["store_pages"]  # the filler pages were scanned
     for name in PLOTS:
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     assert "LifeboatCache vs SGLang" in (out / "results.md").read_text()
+
+
+@pytest.mark.stress
+def test_bench_server_section(tmp_path: Path) -> None:
+    """The quick bench's server section: four SGLang CPU servers, each restarted on its store."""
+    out = tmp_path / "results"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "lifeboat_cache.cli", "bench", "--quick", "--only", "server",
+                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    sv = json.loads((out / "results.json").read_text())["sections"]["server"]
+    assert sv["status"] == "ok", (sv.get("error"), sv.get("traceback"))
+    for p in sv["prompts"]:  # a fresh server after SIGTERM gets every whole page of the prompt from storage
+        assert p["lifeboat_storage_tokens"] == p["restorable_tokens"] > 0 and p["lifeboat_tokens_identical"], p
+    assert sv["resident_pages_before_restore"] == {"lifeboat": 0, "file": 0}  # restores read the disk
+    assert sv["start"]["index_rebuild"]["pages"] >= sv["start"]["store_pages"]  # the filler pages were scanned
