@@ -5,6 +5,7 @@
 # Runs every test but the long `stress` variants (scripts/stress.sh), `slow` included (`-m "not stress"`
 # overrides pyproject's dev-loop default;
 # a later `-m EXPR` among the arguments still wins).
+# The 25 slowest tests are listed at the end: the suite must stay under ~45 minutes on CI's 2 cores.
 # --cov: measure line coverage of lifeboat_cache, including the code that runs in child processes
 # (coverage's `patch = ["subprocess"]`, see [tool.coverage.*] in pyproject.toml), and print the report.
 set -uo pipefail
@@ -26,7 +27,7 @@ if [[ $cov -eq 1 ]]; then
     python -m coverage combine -q || true
     python -m coverage report || true
 else
-    python -m pytest -m "not stress" "${args[@]}"
+    python -m pytest -m "not stress" --durations=25 "${args[@]}"
     rc=$?
 fi
 if [[ $rc -eq 5 ]]; then
