@@ -7,7 +7,8 @@
   keyring.py     key files, key ids, Keyring (rotation, namespace keys)
   seal_mark.py   the mark a sealed store writes into each tier (keyless writers refuse it)
   keys.py        namespace_fingerprint, key_digest, index_key, DigestCache
-  trailer.py     the table + footer at the end of a unit of records (sealed segment, S3 object), writer tags
+  trailer.py     the table + footer at the end of a unit of records (sealed segment, S3 object), writer tags;
+                 `framing`, a unit's bytes that are not pages (what `capacity:` leaves out)
   purge_list.py  `purge.list`: namespace and age rules that mark records purged, validated, append-only
 """
 
