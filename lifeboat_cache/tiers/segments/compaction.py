@@ -29,7 +29,7 @@ import numpy as np
 
 from ...fsio import ForeignFile, open_file, pwritev_all
 from ...index import Index, Loc
-from ...records import HEADER_SIZE, NS_AT, Entry, RecordError, framing, verify_record
+from ...records import HEADER_SIZE, NS_AT, Entry, RecordError, verify_record
 from .format import parse_name, process_alive, read_table, unit_ms, write_trailer
 from .purge_filter import PurgeFilter
 from .units import Unit, UnitTable
@@ -279,9 +279,7 @@ def _rewrite(d: Directory, u: Unit, fd: int, table: np.ndarray, live: np.ndarray
     _fsync_dir(d.path)
     with d.table.lock:  # index the copy, then remove the original (write, then index)
         nu = d.table.add(name)
-        nu.size = nu.scanned = nu.walked = new_size
-        nu.framing = framing(len(entries))
-        nu.sealed = True
+        nu.sealed_at(new_size, len(entries))
     now = d.index.get_many(np.array([m[0] for m in moved], np.int64)) if moved else []
     for (key, old, new), cur in zip(moved, now):
         if cur == old:  # not overwritten or dropped meanwhile

@@ -238,9 +238,7 @@ class Scanner:
 
     def _index_table(self, unit: Unit, table: np.ndarray, size: int) -> None:
         self.counters.add("scan_records", self.index_entries(unit, table["key"], table["offset"], table["length"]))
-        unit.scanned = unit.size = unit.walked = size
-        unit.framing = framing(len(table))
-        unit.sealed = True
+        unit.sealed_at(size, len(table))
         unit.damaged = []
 
     # ------------------------------------------------------------------ scanning
@@ -336,9 +334,7 @@ class Scanner:
             if size > w.end:
                 os.ftruncate(fd, w.end)
             end = self.sharing.write_trailer(fd, w.end, w.entries)
-            unit.size = unit.scanned = unit.walked = end
-            unit.framing = framing(len(w.entries))
-            unit.sealed = True
+            unit.sealed_at(end, len(w.entries))
             log.info("lifeboat: sealed orphan segment %s of dead writer pid %d (%d records, %d damaged "
                      "regions skipped)", unit.name, parse_name(unit.name)[1], len(w.entries),  # type: ignore[index]
                      len(w.damaged))

@@ -187,8 +187,7 @@ class Seals:
 
     def _mark_sealed(self, unit: Unit, size: int, records: int) -> None:
         """A committed seal (called under the lock): the unit's sealed size, counted, told to this host."""
-        unit.size = unit.scanned = unit.walked = size
-        unit.framing = framing(records)
+        unit.sealed_at(size, records)
         self.counters.add("sealed_segments")
         self._changed(True)
 

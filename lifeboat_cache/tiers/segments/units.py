@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 
 from ...fsio import open_file
 from ...index import Index
-from ...records import process_token, writer_tag
+from ...records import framing, process_token, writer_tag
 from .format import SEGMENT_SUFFIX
 
 
@@ -43,6 +43,13 @@ class Unit:
     dropped: bool = False
     damaged: list[tuple[int, int]] = field(default_factory=list)  # skipped regions (counted once)
     damage_seen: dict[int, float] = field(default_factory=dict)  # damaged offset -> first seen (monotonic)
+
+    def sealed_at(self, size: int, records: int) -> None:
+        """Its trailer ends at `size` and lists `records` records: all of it is scanned, and its framing
+        (what `capacity:` does not count) is theirs. Called under the table's lock."""
+        self.size = self.scanned = self.walked = size
+        self.framing = framing(records)
+        self.sealed = True
 
 
 class UnitTable:
