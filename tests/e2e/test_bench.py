@@ -64,15 +64,19 @@ def test_bench_rejects_unknown_section(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "unknown section" in proc.stderr
 
 
-@pytest.mark.slow
-def test_bench_quick_end_to_end(tmp_path: Path) -> None:
-    out = tmp_path / "results"
+def _quick_bench(out: Path, only: str) -> dict:
+    """`lifeboat bench --quick --only <only>` in a fresh process: its results.json."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    only = ",".join(s for s in SECTIONS if s not in RUN_ELSEWHERE)
     proc = subprocess.run([sys.executable, "-m", "lifeboat_cache.cli", "bench", "--quick", "--only", only,
                            "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    res = json.loads((out / "results.json").read_text())
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_bench_quick_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    res = _quick_bench(out, ",".join(s for s in SECTIONS if s not in RUN_ELSEWHERE))
     assert set(res["sections"]) == set(SECTIONS)
     for name, sec in res["sections"].items():
         allowed = {"ok", "not available"} if name in OWNED_ELSEWHERE else {"ok"}
@@ -129,12 +133,7 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.stress
 def test_bench_server_section(tmp_path: Path) -> None:
     """The quick bench's server section: four SGLang CPU servers, each restarted on its store."""
-    out = tmp_path / "results"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "lifeboat_cache.cli", "bench", "--quick", "--only", "server",
-                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    sv = json.loads((out / "results.json").read_text())["sections"]["server"]
+    sv = _quick_bench(tmp_path / "results", "server")["sections"]["server"]
     assert sv["status"] == "ok", (sv.get("error"), sv.get("traceback"))
     for p in sv["prompts"]:  # a fresh server after SIGTERM gets every whole page of the prompt from storage
         assert p["lifeboat_storage_tokens"] == p["restorable_tokens"] > 0 and p["lifeboat_tokens_identical"], p
