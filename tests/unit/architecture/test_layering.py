@@ -226,10 +226,11 @@ def re_exports(modules: dict[str, Path], faces: set[str], base: Path = ROOT.pare
                     imported[a.asname or a.name] = node.lineno
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         used |= {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
-        strings = " ".join(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                           and not (isinstance(n, ast.Constant) and n in _docstrings(tree)))
+        docstrings = {id(d) for d in _docstrings(tree)}
+        words = set(" ".join(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                             and isinstance(n.value, str) and id(n) not in docstrings).split())
         for name, line in sorted(imported.items()):
-            if name not in used and name not in strings.split():  # a quoted annotation is a use
+            if name not in used and name not in words:  # a quoted annotation is a use
                 bad.append(f"{path.relative_to(base)}:{line}: imports {name} and never uses it (a re-export?)")
         own = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                for t in ast.walk(n.targets[0] if isinstance(n, ast.Assign) else n.target) if isinstance(t, ast.Name)}
@@ -321,9 +322,10 @@ def test_only_faces_re_export() -> None:
 def test_the_top_level_holds_only_ground_floor_utilities() -> None:
     top = sorted(p.stem for p in ROOT.glob("*.py") if p.name != "__init__.py")
     modules = all_modules()
+    every, faces = edges(modules), faces_of(modules)
     for name in top:
-        for e in edges(modules):
-            assert not (e.src == f"{PKG}.{name}" and layer_of(e.dst, faces_of(modules)) != "ground"), \
+        for e in every:
+            assert not (e.src == f"{PKG}.{name}" and layer_of(e.dst, faces) != "ground"), \
                 f"{e}: a top-level module is a ground-floor utility and imports only its peers"
     assert len(top) <= 6, f"the top level is for a few ground-floor utilities, not {top}"
 
