@@ -1,4 +1,8 @@
-"""`scripts/serve_demo.sh`'s program, as a user runs it: a real SGLang server restarted on one store."""
+"""`scripts/serve_demo.sh`'s program, as a user runs it: a real SGLang server restarted on one store.
+
+Under `stress` (scripts/stress.sh), not CI: its two server launches (~150 s) repeat the path CI already
+drives through SGLang in tests/e2e/test_sglang_server.py (a server restarted on its store restores the
+prompt, answers identical), which asserts more of it; this test adds the demo's own printing."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import yaml
 pytest.importorskip("sglang.launch_server", reason="SGLang 0.5.23 is not installed")
 pytest.importorskip("uvloop", reason="the SGLang server's packages are not installed (requirements/test.txt)")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stress]
 
 
 def test_serve_demo_restores_the_prompt_after_a_restart(tmp_path: Path) -> None:
