@@ -244,7 +244,7 @@ class LifeboatHiCacheStorage(HiCacheStorage):
                 raise BadCall(f"pool_transfers: expected PoolTransfer items, got {type(t).__name__}")
             if t.keys is not None:
                 check_keys(t.keys, "pool_transfers[].keys")
-        kv = _leading(self.store.contains(self._pool(PoolName.KV).ns, keys))
+        kv = self.store.count_leading_hits(self._pool(PoolName.KV).ns, keys)
         hits: dict[Any, int] = {PoolName.KV: kv} if kv else {}
         ok = np.arange(kv + 1) >= 1  # ok[p]: a prefix of p pages is restorable
         for t in pool_transfers or []:

@@ -166,12 +166,11 @@ class ChunkStore:
     def contains(self, ns: bytes, keys: Sequence[str | bytes]) -> list[bool]:
         """Per-key presence in any tier that is not cooling down, leaving out pages a read found this
         store cannot open (a key it does not hold: store/refused.py). Index only, no I/O."""
-        return self._present(ns, keys).tolist()
-
-    def _present(self, ns: bytes, keys: Sequence[str | bytes]) -> np.ndarray:
-        """`contains` as a bool array (what `count_leading_hits` reduces without a Python list)."""
         check_namespace(ns, "contains")
-        ik = self._digests.index_keys(ns, keys)
+        return self._present(self._digests.index_keys(ns, keys)).tolist()
+
+    def _present(self, ik: np.ndarray) -> np.ndarray:
+        """`contains` of index keys as a bool array (what `count_leading_hits` reduces without a Python list)."""
         hit = np.zeros(len(ik), dtype=bool)
         asked = False
         for level, (tier, cd) in enumerate(zip(self.tiers, self.read_cooldowns)):
@@ -193,12 +192,22 @@ class ChunkStore:
         return hit
 
     def count_leading_hits(self, ns: bytes, keys: Sequence[str | bytes]) -> int:
-        """How many keys, from the first, are stored (SGLang's batch_exists contract)."""
+        """How many keys, from the first, are stored (SGLang's batch_exists contract).
+
+        Those pages are what the caller reads next (SGLang prefetches exactly them), so each tier holding
+        them counts a use now: a full store whose writers evict between this answer and the read keeps
+        them (retention), instead of answering yes and then missing (SGLang's `storage_transfer`)."""
         t0 = time.perf_counter()
-        hit = self._present(ns, keys)
+        check_namespace(ns, "count_leading_hits")
+        ik = self._digests.index_keys(ns, keys)
+        hit = self._present(ik)
         n = int(hit.argmin()) if len(hit) else 0  # the first miss; 0 too when every key hits
         if n == 0 and len(hit) and hit[0]:
             n = len(hit)
+        if n:
+            for tier, cd in zip(self.tiers, self.read_cooldowns):
+                if not cd.active():
+                    tier.touch(ik[:n])
         self.counters.add_many({"lookup_keys": len(keys), "lookup_hits": n},
                                observe=("exists", time.perf_counter() - t0))
         return n

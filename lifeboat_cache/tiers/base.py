@@ -66,7 +66,8 @@ class Tier(ABC):
         """Drop a record that failed verification, so it is never served or rediscovered."""
 
     def touch(self, ikeys: np.ndarray) -> None:
-        """Pages asked to be written again while stored: a use, as a read is, for retention. No I/O."""
+        """Pages in use (written again while stored, or the leading hits of a batch_exists, read next): a use,
+        as a read is, for retention. No I/O."""
 
     @abstractmethod
     def records(self) -> Iterator[tuple[int, Ref]]:

@@ -222,3 +222,21 @@ def test_a_page_back_after_a_long_absence_goes_to_the_head_and_is_evicted_first(
         names = {n for n, _, _ in d.units()}
         assert not st.contains(NS, [f"p{back}"])[0], "the cache-averse page must go first"
         assert normal in names, "the oldest segment written since must stay"
+
+
+def test_pages_a_batch_exists_just_counted_outlive_the_writes_before_their_read(tmp_path: Path) -> None:
+    """SGLang asks batch_exists, then reads exactly the leading hits it got; in a full store other requests'
+    backups evict in between. The pages just counted are in use: the writes evict pages nobody asked for,
+    and the read that follows serves every counted page (first-in-first-out evicted them: a yes, then a
+    miss, SGLang's `storage_transfer`)."""
+    s = settings(tmp_path, capacity=f"{96 * PAGE + 96 * 128}B")
+    old = [f"old{i}" for i in range(96)]
+    with ChunkStore.open(s, background=False) as st:
+        for i in range(0, 96, HOT):  # the oldest first: old0.. sit at the head of the queue
+            st.put(NS, old[i:i + HOT], [page(i + j) for j in range(HOT)])
+        assert st.count_leading_hits(NS, old[:HOT] + ["never written"]) == HOT
+        st.put(NS, [f"new{i}" for i in range(HOT)], [page(1000 + i) for i in range(HOT)])  # another request
+        assert _serve(st, old[:HOT], list(range(HOT))) == HOT
+        assert _serve(st, old[HOT:2 * HOT], list(range(HOT, 2 * HOT))) < HOT  # the unasked went instead
+        t = st.stats()["tiers"][0]
+    assert t["usage_bytes"] <= t["capacity_bytes"], t
