@@ -32,6 +32,16 @@ def _allocated(sec: Any) -> str:
     return f"Host pool as SGLang allocated it, tokens: {', '.join(parts)}. " if parts else ""
 
 
+def _store(sec: Any, kv_tokens: int) -> str:
+    """The storage servers' bound, against the bytes of the traffic's distinct KV (what an unbounded store holds)."""
+    mib = sec.get("store_mib")
+    if not mib:
+        return ""
+    kv_mib = kv_tokens * sec.get("kv_bytes_per_token", 0) / 2**20
+    return (f"Each store holds at most {mib:,} MiB of pages (LifeboatCache `capacity:`, `file` `max_size`)"
+            + (f", {mib / kv_mib:.0%} of the traffic's distinct KV ({kv_mib:,.0f} MiB). " if kv_mib else ". "))
+
+
 def serving_tables(sec: Any) -> list[str]:
     out = ["", "### Many returning users: SGLang's bench_serving on a CPU server, restarted mid-run", ""]
     if not section_ok(sec):
@@ -51,7 +61,7 @@ def serving_tables(sec: Any) -> list[str]:
             f"host pool {pools['host']:,}; the traffic's distinct KV is {kv:,} tokens"
             + (f" ({ratio:.1f}x device + host)" if ratio else "")
             + f"; prefetch policy {sec['prefetch_policy']}, write policy {sec['write_policy']}, host memory mode "
-            f"{sec.get('host_mode', 'cache')} (storage servers). " + _allocated(sec)
+            f"{sec.get('host_mode', 'cache')} (storage servers). " + _store(sec, kv) + _allocated(sec)
             + "Throughput over both halves' durations; TTFT over every request.", ""]
     for conc, run in sec["concurrency"].items():
         out += [f"Concurrency {conc}:", "",

@@ -109,11 +109,17 @@ class ServingPlan:
         # until its request is admitted
         policy = ["--hicache-storage-prefetch-policy", sizes.serving_prefetch_policy,
                   "--hicache-host-memory-mode", sizes.serving_host_mode]
-        store = {"storage": [{"type": "local", "path": str(self.dirs["lifeboat"])}]}
+        # serving_store_mib: both stores bounded alike, by the bytes of the pages they hold (LifeboatCache's
+        # `capacity:` counts what `file`'s LRU evictor counts against its `max_size`), so a full store's
+        # retention is part of what the run measures
+        mib = sizes.serving_store_mib
+        tier = {"type": "local", "path": str(self.dirs["lifeboat"]), **({"capacity": f"{mib}MiB"} if mib else {})}
+        store = {"storage": [tier]}
+        file_cap = {"max_size": str(mib << 20)} if mib else None
         self.flags = {
             "none": self.base,
             "host": self.base + hicache_flags("none", host_gb=gb, host_ratio=ratio) + hicache,
-            "file": self.base + hicache_flags("file", host_gb=gb, host_ratio=ratio) + hicache + policy,
+            "file": self.base + hicache_flags("file", file_cap, host_gb=gb, host_ratio=ratio) + hicache + policy,
             "lifeboat": self.base + hicache_flags("lifeboat", store, host_gb=None, host_ratio=ratio) + hicache + policy,
         }
         # one intra-op thread per server: on a shared 2-core VM two OpenMP threads wait on each other whenever
@@ -231,6 +237,7 @@ def run(work: Path, sizes: Sizes) -> dict[str, Any]:
         "conversations_kv_tokens": kv_tokens, "kv_over_pools": kv_tokens / pools if pools else None,
         "prefetch_policy": sizes.serving_prefetch_policy, "write_policy": sizes.serving_write_policy,
         "host_mode": sizes.serving_host_mode, "host_gb": sizes.serving_host_gb or None,
+        "store_mib": sizes.serving_store_mib or None,
         "stop": sizes.serving_stop, "output_tokens": sizes.serving_output_tokens, "threads": sizes.serving_threads,
         "load_avg_end": os.getloadavg(), "concurrency": by_conc,
     }

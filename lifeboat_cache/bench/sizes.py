@@ -58,6 +58,7 @@ class Sizes:
     serving_device_tokens: int = 3072   # --max-total-tokens
     serving_host_ratio: str = "2"       # --hicache-ratio: host pool = ratio x device pool
     serving_host_gb: int = 0            # >0: a host pool of this many GB instead (LIFEBOAT_SGLANG_HOST_GB)
+    serving_store_mib: int = 0          # >0: a store this small (LifeboatCache capacity:, file max_size)
     serving_prefetch_policy: str = "wait_complete"  # or timeout (SGLang's default), best_effort
     serving_write_policy: str = "write_through"     # or write_through_selective, write_back
     serving_host_mode: str = "cache"                # --hicache-host-memory-mode: or buffer_only
@@ -93,7 +94,8 @@ QUICK = Sizes(ceiling_mib=8, reps=2, case_mib=4, runway_mib=16, batch_pages=4, w
 
 CHOICES = {"lifeboat_tier": ("local", "nfs")}  # sizes that name one of a few things
 ZERO_MEANS = {"serving_floor_prompts": "no floor probe",  # counts where 0 has a meaning of its own
-              "serving_host_gb": "the host pool is sized by serving_host_ratio"}
+              "serving_host_gb": "the host pool is sized by serving_host_ratio",
+              "serving_store_mib": "the store is not bounded"}
 
 
 def make(quick: bool, overrides: list[str]) -> Sizes:

@@ -200,3 +200,29 @@ def test_host_pool_tokens_come_from_sglangs_own_allocation_line(tmp_path) -> Non
     log.write_text("[2026-12-06 22:45:49] Load weight end.\n")
     assert host_pool_tokens(log) is None  # no HiCache
     assert host_pool_tokens(tmp_path / "missing.log") is None
+
+
+def test_a_bounded_store_gives_both_storage_servers_the_same_page_bytes(tmp_path) -> None:
+    """serving_store_mib: LifeboatCache's tier gets `capacity:` and `file` its `max_size`, the same bytes (both
+    count the pages' bytes); the report says it against the traffic's KV; 0 leaves both unbounded."""
+    from lifeboat_cache.bench.report_serving import _store
+    from lifeboat_cache.bench.serving import KV_BYTES_PER_TOKEN, ServingPlan
+    from lifeboat_cache.config import settings_from_dict
+
+    def extra(flags: list[str]) -> dict:
+        return json.loads(flags[flags.index("--hicache-storage-backend-extra-config") + 1])
+
+    plan = ServingPlan(tmp_path, make(True, ["serving_store_mib=96"]))
+    assert extra(plan.flags["file"])["max_size"] == str(96 << 20)
+    storage = {"storage": extra(plan.flags["lifeboat"])["storage"]}  # the launch's inline lifeboat.yaml
+    assert settings_from_dict(storage).storage[0].capacity_bytes == 96 << 20
+    sec = {"store_mib": 96, "kv_bytes_per_token": KV_BYTES_PER_TOKEN}
+    assert _store(sec, 384 * 2**20 // KV_BYTES_PER_TOKEN).startswith("Each store holds at most 96 MiB of pages")
+    assert "25% of the traffic's distinct KV (384 MiB)" in _store(sec, 384 * 2**20 // KV_BYTES_PER_TOKEN)
+
+    plan = ServingPlan(tmp_path, make(True, []))
+    assert "--hicache-storage-backend-extra-config" not in plan.flags["file"]
+    assert "capacity" not in json.dumps(extra(plan.flags["lifeboat"]))
+    assert _store({"store_mib": None}, 1000) == ""
+    with pytest.raises(ValueError, match=r"serving_store_mib: must be >= 0 \(0: the store is not bounded\)"):
+        make(False, ["serving_store_mib=-1"])
