@@ -43,6 +43,19 @@ class AccessTable:
                 counts[offset] = c + 1
                 self.version += 1
 
+    def hit_many(self, offsets_by_unit: dict[str, Iterable[int]]) -> None:
+        """Count one read of each record at these offsets of these units, under one lock (batch_exists)."""
+        now = int(time.time() * 1000)
+        with self._lock:
+            for unit, offsets in offsets_by_unit.items():
+                counts = self._hits.setdefault(unit, {})
+                self._last[unit] = now
+                for o in offsets:
+                    c = counts.get(o, 0)
+                    if c < HIT_CAP:
+                        counts[o] = c + 1
+            self.version += 1
+
     def hits_of(self, unit: str) -> dict[int, int]:
         """The read counts of a unit's records (a copy; records never read are absent)."""
         with self._lock:

@@ -5,6 +5,7 @@ do with the unit."""
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -47,6 +48,19 @@ def gone_keys(table: np.ndarray, unit_id: int, index: Index, kept: list[Row]) ->
     """Keys of the unit's current records that go with it (not rewritten elsewhere): the ghost's input."""
     rewritten = {r[0] for r in kept}
     return [k for k, c in zip(table["key"].tolist(), _current(table, unit_id, index)) if c and k not in rewritten]
+
+
+def offsets_by_unit(index: Index, ikeys: np.ndarray, name_of: Callable[[int], str | None]) -> dict[str, list[int]]:
+    """The records of these keys the index holds, as unit name -> offsets (AccessTable.hit_many's input):
+    vector lookups and one name per unit, so counting a batch of uses costs little more than finding it."""
+    found, units, offs, _ = index.locate(np.asarray(ikeys, np.int64))
+    units, offs = units[found], offs[found]
+    out: dict[str, list[int]] = {}
+    for u in np.unique(units).tolist():
+        name = name_of(int(u))
+        if name is not None:
+            out[name] = offs[units == u].tolist()
+    return out
 
 
 def tail_position() -> int:

@@ -23,7 +23,7 @@ from ...metrics import Counters
 from ...records import parse_trailer, process_token, trailer_size, writer_tag
 from ...retention import (
     KEEP, REINSERT, RETENTION_COUNTERS, STATE_MAX_BYTES, AccessTable, RewriteBudget, Row, decode, encode, judge,
-    keep_whole, tail_position)
+    keep_whole, offsets_by_unit, tail_position)
 from .client import DELETE_BATCH_KEYS
 from .objects import ObjectTable, S3Object, parse_name
 
@@ -73,10 +73,11 @@ class S3Keeping:
         self.access.hit(obj.name, offset)
 
     def touch(self, ikeys: np.ndarray) -> None:
-        for loc in self.tier.index.get_many(np.asarray(ikeys, np.int64)):
-            obj = None if loc is None else self.tier.objects.get(loc.unit)
-            if obj is not None:
-                self.access.hit(obj.name, loc.offset)
+        def name(unit: int) -> str | None:
+            obj = self.tier.objects.get(unit)
+            return None if obj is None else obj.name
+
+        self.access.hit_many(offsets_by_unit(self.tier.index, ikeys, name))
 
     # ------------------------------------------------------------------ capacity gc
     def gc(self, cap: int) -> int:

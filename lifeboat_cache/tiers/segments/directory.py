@@ -22,7 +22,7 @@ from ...fsio import make_dirs, open_file
 from ...index import Index, Loc
 from ...metrics import Counters
 from ...records import Record, framing
-from ...retention import HEAD, AccessTable, RewriteBudget
+from ...retention import HEAD, AccessTable, RewriteBudget, offsets_by_unit
 from ..base import Rank
 from . import compaction, inspection
 from .access_files import AccessFiles
@@ -298,11 +298,9 @@ class SegmentDir:
         return self.reader.read_run(locs, bufs)
 
     def touch(self, ikeys: np.ndarray) -> None:
-        """Count a use of the records of these keys held here (pages written again while stored)."""
-        for loc in self.index.get_many(np.asarray(ikeys, np.int64)):
-            name = None if loc is None else self.unit_name(loc.unit)
-            if name is not None:
-                self.access.hit(name, loc.offset)
+        """Count a use of the records of these keys held here (written again while stored, or about to be
+        read): vector index lookups, one name lookup per unit, one lock (batch_exists's path)."""
+        self.access.hit_many(offsets_by_unit(self.index, ikeys, self.unit_name))
 
     def unit_name(self, unit_id: int) -> str | None:
         u = self.table.get(unit_id)
