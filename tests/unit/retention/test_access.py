@@ -124,3 +124,20 @@ def test_a_kept_unit_goes_near_its_last_read_and_ties_go_younger_first() -> None
     units = {"prefix": 100, "tail": 200, "fresh": 499}
     order = sorted(units, key=lambda u: a.rank(u, units[u]))
     assert order == ["fresh", "tail", "prefix"]
+
+
+def test_a_batch_of_uses_is_grouped_by_the_unit_the_index_holds_each_key_in() -> None:
+    """offsets_by_unit: keys the index holds (in its main table and its deltas alike), by unit name; keys it
+    does not hold, and units without a name (gone since), are left out."""
+    import numpy as np
+
+    from lifeboat_cache.index import Index, Loc
+    from lifeboat_cache.retention import offsets_by_unit
+
+    ix = Index(delta_limit=3)  # some keys merged into the main table, the last ones still in deltas
+    for k, loc in enumerate([Loc(5, 0, 9), Loc(2, 64, 9), Loc(5, 128, 9), Loc(3, 7, 9), Loc(5, 256, 9)]):
+        ix.insert(k, loc)
+    names = {5: "seg-5", 2: "seg-2"}  # unit 3 is gone
+    got = offsets_by_unit(ix, np.array([4, 0, 1, 3, 99, 2], np.int64), names.get)
+    assert {u: sorted(o) for u, o in got.items()} == {"seg-5": [0, 128, 256], "seg-2": [64]}
+    assert offsets_by_unit(ix, np.array([], np.int64), names.get) == {}
