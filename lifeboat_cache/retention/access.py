@@ -35,16 +35,11 @@ class AccessTable:
 
     def hit(self, unit: str, offset: int) -> None:
         """Count one read of the record at `offset` of `unit`."""
-        with self._lock:
-            counts = self._hits.setdefault(unit, {})
-            c = counts.get(offset, 0)
-            self._last[unit] = int(time.time() * 1000)
-            if c < HIT_CAP:
-                counts[offset] = c + 1
-                self.version += 1
+        self.hit_many({unit: (offset,)})
 
     def hit_many(self, offsets_by_unit: dict[str, Iterable[int]]) -> None:
-        """Count one read of each record at these offsets of these units, under one lock (batch_exists)."""
+        """Count one read of each record at these offsets of these units, under one lock (batch_exists).
+        The version moves only when a count does: a batch of records already counted saves nothing."""
         now = int(time.time() * 1000)
         with self._lock:
             for unit, offsets in offsets_by_unit.items():
@@ -54,7 +49,7 @@ class AccessTable:
                     c = counts.get(o, 0)
                     if c < HIT_CAP:
                         counts[o] = c + 1
-            self.version += 1
+                        self.version += 1
 
     def hits_of(self, unit: str) -> dict[int, int]:
         """The read counts of a unit's records (a copy; records never read are absent)."""

@@ -25,7 +25,8 @@ def test_reads_are_counted_up_to_the_cap_and_each_keep_uses_one_up() -> None:
 
 
 def test_a_batch_of_uses_counts_as_the_same_reads_one_by_one() -> None:
-    """hit_many (batch_exists's leading hits, under one lock) leaves the table as hit() per record would."""
+    """hit_many (batch_exists's leading hits, under one lock) leaves the table as hit() per record would, and
+    moves the version only when a count moved."""
     one, many = AccessTable(), AccessTable()
     uses = {"seg-a": [0, 64, 0], "seg-b": [128]}
     for unit, offsets in uses.items():
@@ -37,6 +38,11 @@ def test_a_batch_of_uses_counts_as_the_same_reads_one_by_one() -> None:
     assert {u: many.hits_of(u) for u in uses} == {u: one.hits_of(u) for u in uses} == {
         "seg-a": {0: min(2, HIT_CAP), 64: 1}, "seg-b": {128: 1}}
     assert many.read_records() == one.read_records() == 3
+    for _ in range(HIT_CAP):
+        many.hit_many(uses)
+    v = many.version
+    many.hit_many(uses)  # every count at the cap: nothing moved, so the state publisher has nothing to save
+    assert many.version == v
 
 
 def test_merge_takes_the_larger_count_and_the_later_position() -> None:
