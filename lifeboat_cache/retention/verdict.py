@@ -54,8 +54,9 @@ def offsets_by_unit(index: Index, ikeys: np.ndarray, name_of: Callable[[int], st
     """The records of these keys the index holds, as unit name -> offsets (AccessTable.hit_many's input):
     vector lookups and one name per unit, so counting a batch of uses costs little more than finding it."""
     found, units, offs, _ = index.locate(np.asarray(ikeys, np.int64))
-    order = np.argsort(units[found], kind="stable")
-    units, offs = units[found][order], offs[found][order]
+    units, offs = units[found], offs[found]
+    order = np.argsort(units, kind="stable")
+    units, offs = units[order], offs[order]
     uniq, starts = np.unique(units, return_index=True)
     out: dict[str, list[int]] = {}
     for u, group in zip(uniq.tolist(), np.split(offs, starts[1:])):
