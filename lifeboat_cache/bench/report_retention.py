@@ -6,7 +6,8 @@ from typing import Any
 
 from .report_tables import section_ok, section_status
 
-TRACE_LABEL = {"hot_set": "hot set + one-off pages", "zipf": "Zipf documents", "multi_turn": "multi-turn chats"}
+TRACE_LABEL = {"hot_set": "hot set + one-off pages", "zipf": "Zipf documents", "multi_turn": "multi-turn chats",
+               "round_robin": "conversations in turn"}
 
 
 def retention_table(sec: Any) -> list[str]:

@@ -37,11 +37,12 @@ def _wchar() -> int:
 
 
 def trace_set(quick: bool) -> dict[str, list[traces.Request]]:
-    """The three traces of the section (a quick run: shorter ones of the same shape)."""
+    """The four traces of the section (a quick run: shorter ones of the same shape)."""
     k = 3 if quick else 1
     return {"hot_set": traces.hot_set(HOT_ROUNDS // k),
             "zipf": traces.zipf(200 // k, 4, 1500 // k),
-            "multi_turn": traces.multi_turn(60 // k, 8, 2, active=24 // k)}
+            "multi_turn": traces.multi_turn(60 // k, 8, 2, active=24 // k),
+            "round_robin": traces.round_robin(48 // k, 4, 4, 3)}
 
 
 class Side:
@@ -152,7 +153,7 @@ def _case(work: Path, name: str, trace: list[traces.Request], capacity_pages: in
 
 
 def run(work: Path, sizes: Sizes, quick: bool = False) -> dict[str, Any]:
-    """The sweep (three traces x capacities) and the issue's hot-set case with a restart halfway."""
+    """The sweep (four traces x capacities) and the issue's hot-set case with a restart halfway."""
     # 32 KiB pages (K and V, bf16); 64 KiB in a quick run, whose shorter traces would otherwise ask for a
     # capacity below the smallest a store accepts (one segment)
     layers = 2 if quick else 1

@@ -75,6 +75,17 @@ def multi_turn(conversations: int, turns: int, pages_per_turn: int, active: int 
     return out
 
 
+def round_robin(conversations: int, turns: int, first_pages: int, pages_per_turn: int, seed: int = 3) -> list[Request]:
+    """The serving bench's conversations (bench/serving_trace.py): turn 1 of every conversation (seeded
+    order), then turn 2 of every one, ...; each starts with `first_pages` and grows by `pages_per_turn`.
+    A conversation comes back after all the others: its reuse distance is the whole cycle, so a store
+    smaller than the cycle loses it under any recency order (LRU serves ~0) while Belady keeps a subset."""
+    order = list(range(conversations))
+    random.Random(seed).shuffle(order)
+    span = first_pages + turns * pages_per_turn
+    return [list(range(c * span, c * span + first_pages + t * pages_per_turn)) for t in range(turns) for c in order]
+
+
 def _served(req: Request, cache: object) -> int:
     """Pages of a request served from `cache`: the stored prefix, up to the first missing page."""
     run = 0

@@ -99,7 +99,7 @@ def test_bench_quick_end_to_end(tmp_path: Path) -> None:
         for side in ("lifeboat", "file"):  # the free memory before each timed write, and the store's call size
             assert [m["call_kib"] in (256, 1024) for m in x["free_memory_before_write"][side]] == [True] * x["reps"]
     rt = res["sections"]["retention"]
-    assert {c["trace"] for c in rt["cases"]} == {"hot_set", "zipf", "multi_turn"}
+    assert {c["trace"] for c in rt["cases"]} == {"hot_set", "zipf", "multi_turn", "round_robin"}
     for c in rt["cases"]:  # the offline optimum bounds every online policy on the same trace
         assert max(c["lifeboat"]["hit_rate"], c["file"]["hit_rate"], c["lru"]) <= c["belady"] + 1e-9, c
     assert rt["hot_set_restart"]["lifeboat"]["hit_rate_after_restart"] >= 0.95, rt["hot_set_restart"]

@@ -65,7 +65,7 @@ def _results(quick: bool) -> dict[str, Any]:
         "retention": {"cases": [
             {"trace": t, "fraction": f, "capacity_pages": 100, "lru": 0.5 * f + 0.4, "belady": 0.9,
              "lifeboat": {"hit_rate": 0.5 * f + 0.4}, "file": {"hit_rate": 0.5 * f + 0.38}}
-            for t in ("hot_set", "zipf", "multi_turn") for f in (0.1, 0.25, 0.5)]},
+            for t in ("hot_set", "zipf", "multi_turn", "round_robin") for f in (0.1, 0.25, 0.5)]},
         "s3": {"latencies": {str(lat): {"write_serial_mb_s": 65.0, "write_parallel_mb_s": 187.0,
                                         "read_serial_mb_s": 79.0, "read_parallel_mb_s": 91.0} for lat in (0, 20)},
                "ceph": {"write_serial_mb_s": 40.0, "write_parallel_mb_s": 120.0, "read_serial_mb_s": 60.0,
